@@ -1,0 +1,145 @@
+// The engine as plain data: what the compiler produces and the runtime
+// executes. engine_format.h turns it into bytes and back. Both the export side
+// (compiler) and the run side (runtime) include this header, so it holds no
+// CUDA types and no ExecuTorch types.
+//
+// An engine is a launch plan: a list of steps (cuBLASLt GEMMs and generated
+// kernels) over tensors that live in one of four places: an engine input, an
+// engine output, the activation arena (one buffer, offsets planned by tensor
+// lifetime) or the weights blob (uploaded once at load).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kiln::engine {
+
+// Stable on-disk values: never renumber.
+enum class DType : uint8_t {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+  kInt64 = 3,
+  kInt32 = 4,
+  kBool = 5,
+};
+constexpr uint8_t kDTypeCount = 6;
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);  // "float32", "float16", ...
+
+enum class StorageKind : uint8_t {
+  kInput = 0,   // engine input number `io_index`; offset unused
+  kOutput = 1,  // engine output number `io_index`; offset unused
+  kArena = 2,   // activation arena at `offset`
+  kWeight = 3,  // weights blob at `offset`
+};
+
+constexpr uint32_t kMaxRank = 8;
+constexpr uint32_t kNoTensor = 0xffffffffu;
+
+struct TensorDesc {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  // static, contiguous row-major
+  StorageKind storage = StorageKind::kArena;
+  uint32_t io_index = 0;  // for kInput / kOutput
+  uint64_t offset = 0;    // byte offset for kArena / kWeight
+  uint64_t nbytes = 0;    // product(shape) * dtype_size(dtype)
+};
+
+// One NVRTC compilation unit: machine code for each target SM plus PTX that
+// the driver can JIT for newer GPUs.
+struct CubinImage {
+  uint32_t sm = 0;  // e.g. 87, 90
+  std::vector<uint8_t> image;
+};
+
+struct KernelModule {
+  std::string name;
+  std::vector<CubinImage> cubins;
+  std::string ptx;       // may be empty when PTX was not requested
+  uint32_t ptx_sm = 0;   // virtual arch the PTX targets (compute_XX)
+  std::string source;    // CUDA source, kept for `kiln inspect` and debugging
+};
+
+// Stable on-disk values.
+enum class StepKind : uint8_t { kGemm = 0, kKernel = 1 };
+
+enum class GemmEpilogue : uint8_t {
+  kNone = 0,
+  kBias = 1,      // out += bias[n]
+  kReluBias = 2,  // out = relu(out + bias[n])
+  kRelu = 3,
+};
+
+// out[m, n] = alpha * a[m, k] @ B + beta * c (c only when `c` is set),
+// with B = b[k, n] (b_transposed == false) or b[n, k]^T (true, nn.Linear's
+// weight layout), then the epilogue. All row-major and contiguous. Operands
+// share one dtype; accumulation is fp32.
+struct GemmStep {
+  uint32_t a = kNoTensor;
+  uint32_t b = kNoTensor;
+  uint32_t bias = kNoTensor;  // [n], used by kBias / kReluBias
+  uint32_t c = kNoTensor;     // [m, n] addend scaled by beta (addmm with a full
+                              // matrix input); kNoTensor when absent
+  uint32_t out = kNoTensor;
+  int64_t m = 0, n = 0, k = 0;
+  bool b_transposed = false;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+enum class KernelArgKind : uint8_t {
+  kTensor = 0,  // device pointer of tensor `tensor`
+  kInt64 = 1,
+  kFloat32 = 2,
+};
+
+struct KernelArg {
+  KernelArgKind kind = KernelArgKind::kTensor;
+  uint32_t tensor = kNoTensor;
+  int64_t i64 = 0;
+  float f32 = 0.0f;
+};
+
+struct KernelStep {
+  uint32_t module = 0;
+  std::string function;  // extern "C" name inside the module
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t shared_bytes = 0;
+  std::vector<KernelArg> args;  // passed in order, each by value
+};
+
+struct Step {
+  StepKind kind = StepKind::kKernel;
+  std::string label;  // the fused op group, e.g. "addmm+gelu"; for inspect/logs
+  GemmStep gemm;      // valid when kind == kGemm
+  KernelStep kernel;  // valid when kind == kKernel
+};
+
+struct EngineDesc {
+  std::vector<TensorDesc> tensors;
+  std::vector<uint32_t> inputs;   // tensor indices, in delegate argument order
+  std::vector<uint32_t> outputs;  // tensor indices, in delegate output order
+  std::vector<KernelModule> modules;
+  std::vector<Step> steps;
+  uint64_t arena_bytes = 0;
+  std::vector<uint8_t> weights;  // every constant; offsets 256-byte aligned
+  // Free-form facts for inspect and for options baked in at export, e.g.
+  // {"precision", "float16"}, {"target_sms", "87,90"}, {"use_cuda_graphs", "true"}.
+  std::vector<std::pair<std::string, std::string>> metadata;
+
+  const std::string* find_metadata(const std::string& key) const {
+    for (const auto& kv : metadata)
+      if (kv.first == key) return &kv.second;
+    return nullptr;
+  }
+};
+
+}  // namespace kiln::engine

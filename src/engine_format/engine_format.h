@@ -1,0 +1,44 @@
+// The serialized engine: what travels inside the .pte as a delegate blob.
+//
+// Layout (all integers little-endian):
+//   FileHeader (fixed size)     magic "KILNENG\0", format version, section
+//                               count, total size, header checksum
+//   SectionEntry[section_count] kind, offset, size, checksum of the section
+//   sections                    each 64-byte aligned
+// Every section (weights included) carries a CRC-32C checksum; every offset,
+// size, count and index is validated before use, so truncated or flipped
+// bytes give a Status naming what is wrong, never a crash.
+//
+// Runtime code: no exceptions, no aborts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "engine_format/engine_desc.h"
+
+namespace kiln::engine {
+
+constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
+// Bump when the layout changes; the reader refuses other versions with
+// kIncompatible.
+constexpr uint32_t kEngineFormatVersion = 1;
+
+// Serializes `desc`. Fails (kInvalidArgument) when `desc` is inconsistent,
+// e.g. an index out of range, so a bad engine is never written.
+Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc);
+
+// Parses and fully validates `size` bytes at `data`. The result owns copies of
+// everything it needs; `data` may be freed afterwards.
+Result<EngineDesc> parse_engine(const void* data, size_t size);
+
+// Checks the structure of a parsed or hand-built engine: indices in range,
+// tensor sizes consistent with shapes, storage inside the arena/weights.
+Status validate_engine(const EngineDesc& desc);
+
+// CRC-32C (Castagnoli) of `size` bytes.
+uint32_t crc32c(const void* data, size_t size, uint32_t seed = 0);
+
+}  // namespace kiln::engine

@@ -1,0 +1,225 @@
+// Engine serialization: EngineDesc -> bytes.
+//
+// On-disk layout, format version 1. All integers little-endian; "str" is a
+// u32 byte length followed by that many bytes (no terminator); "bytes" the
+// same for binary data.
+//
+// FileHeader, 32 bytes at offset 0:
+//   0  u8[8] magic "KILNENG\0"
+//   8  u32   format version (1)
+//   12 u32   section count (always 6)
+//   16 u64   total size of the engine in bytes
+//   24 u32   flags (0)
+//   28 u32   header CRC-32C over bytes [0, 28) followed by the section table
+//
+// SectionEntry[section count], 32 bytes each, right after the header:
+//   0  u32 kind     4  u32 reserved (0)
+//   8  u64 offset   16 u64 size      24 u32 CRC-32C of the section bytes
+//   28 u32 reserved (0)
+//
+// Sections follow in kind order, each starting at a 64-byte aligned offset;
+// the gaps are zero bytes (the reader checks that, so every byte of the file is
+// covered by a checksum or a zero check). The file ends where the last section
+// ends.
+//
+//  kind | name    | contents
+//  -----+---------+-----------------------------------------------------------
+//   1   | meta    | u64 arena_bytes; u32 n; n x {str key; str value}
+//   2   | tensors | u32 n; n x {str name; u8 dtype; u8 storage; u8 rank;
+//       |         |   u32 io_index; u64 offset; u64 nbytes; i64 dims[rank]}
+//   3   | io      | u32 n; u32 inputs[n]; u32 m; u32 outputs[m]
+//   4   | modules | u32 n; n x {str name; u32 ptx_sm; str ptx; str source;
+//       |         |   u32 c; c x {u32 sm; bytes image}}
+//   5   | steps   | u32 n; n x {u8 kind; str label; gemm or kernel fields}
+//       |         |   gemm:   u32 a, b, bias, c, out; i64 m, n, k;
+//       |         |           u8 b_transposed; u8 epilogue; f32 alpha, beta
+//       |         |   kernel: u32 module; str function; u32 grid[3];
+//       |         |           u32 block[3]; u32 shared_bytes; u32 a;
+//       |         |           a x {u8 kind; u32 tensor | i64 | f32}
+//   6   | weights | the raw weights blob
+//
+// Fields a step or argument kind does not use are not stored (they parse back
+// as their defaults). Enum values are EngineDesc's stable numbers.
+#include <cstring>
+
+#include "engine_format/byte_io.h"
+#include "engine_format/engine_format.h"
+#include "engine_format/engine_layout.h"
+
+namespace kiln::engine {
+namespace {
+
+using layout::SectionKind;
+
+void write_meta(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u64(desc.arena_bytes);
+  w->put_u32(static_cast<uint32_t>(desc.metadata.size()));
+  for (const auto& kv : desc.metadata) {
+    w->put_string(kv.first);
+    w->put_string(kv.second);
+  }
+}
+
+void write_tensors(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(desc.tensors.size()));
+  for (const TensorDesc& t : desc.tensors) {
+    w->put_string(t.name);
+    w->put_u8(static_cast<uint8_t>(t.dtype));
+    w->put_u8(static_cast<uint8_t>(t.storage));
+    w->put_u8(static_cast<uint8_t>(t.shape.size()));  // validated <= kMaxRank
+    w->put_u32(t.io_index);
+    w->put_u64(t.offset);
+    w->put_u64(t.nbytes);
+    for (int64_t d : t.shape) w->put_i64(d);
+  }
+}
+
+void write_index_list(const std::vector<uint32_t>& list, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(list.size()));
+  for (uint32_t v : list) w->put_u32(v);
+}
+
+void write_io(const EngineDesc& desc, ByteWriter* w) {
+  write_index_list(desc.inputs, w);
+  write_index_list(desc.outputs, w);
+}
+
+void write_modules(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(desc.modules.size()));
+  for (const KernelModule& m : desc.modules) {
+    w->put_string(m.name);
+    w->put_u32(m.ptx_sm);
+    w->put_string(m.ptx);
+    w->put_string(m.source);
+    w->put_u32(static_cast<uint32_t>(m.cubins.size()));
+    for (const CubinImage& c : m.cubins) {
+      w->put_u32(c.sm);
+      w->put_bytes(c.image);
+    }
+  }
+}
+
+void write_gemm(const GemmStep& g, ByteWriter* w) {
+  w->put_u32(g.a);
+  w->put_u32(g.b);
+  w->put_u32(g.bias);
+  w->put_u32(g.c);
+  w->put_u32(g.out);
+  w->put_i64(g.m);
+  w->put_i64(g.n);
+  w->put_i64(g.k);
+  w->put_u8(g.b_transposed ? 1 : 0);
+  w->put_u8(static_cast<uint8_t>(g.epilogue));
+  w->put_f32(g.alpha);
+  w->put_f32(g.beta);
+}
+
+void write_kernel(const KernelStep& k, ByteWriter* w) {
+  w->put_u32(k.module);
+  w->put_string(k.function);
+  for (uint32_t v : k.grid) w->put_u32(v);
+  for (uint32_t v : k.block) w->put_u32(v);
+  w->put_u32(k.shared_bytes);
+  w->put_u32(static_cast<uint32_t>(k.args.size()));
+  for (const KernelArg& a : k.args) {
+    w->put_u8(static_cast<uint8_t>(a.kind));
+    switch (a.kind) {
+      case KernelArgKind::kTensor: w->put_u32(a.tensor); break;
+      case KernelArgKind::kInt64: w->put_i64(a.i64); break;
+      case KernelArgKind::kFloat32: w->put_f32(a.f32); break;
+    }
+  }
+}
+
+void write_steps(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(desc.steps.size()));
+  for (const Step& s : desc.steps) {
+    w->put_u8(static_cast<uint8_t>(s.kind));
+    w->put_string(s.label);
+    if (s.kind == StepKind::kGemm)
+      write_gemm(s.gemm, w);
+    else
+      write_kernel(s.kernel, w);
+  }
+}
+
+void put_le32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+void put_le64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+size_t align_up(size_t v, size_t alignment) {
+  return (v + alignment - 1) / alignment * alignment;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
+  KILN_RETURN_IF_ERROR(validate_engine(desc).with_context("serialize_engine"));
+
+  // Every section but weights is encoded into its own buffer first; weights
+  // are copied once, straight into the output.
+  ByteWriter meta, tensors, io, modules, steps;
+  write_meta(desc, &meta);
+  write_tensors(desc, &tensors);
+  write_io(desc, &io);
+  write_modules(desc, &modules);
+  write_steps(desc, &steps);
+
+  struct Section {
+    SectionKind kind;
+    const uint8_t* data;
+    size_t size;
+  };
+  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps};
+  Section sections[layout::kSectionCount] = {
+      {SectionKind::kMeta, meta.buffer().data(), meta.size()},
+      {SectionKind::kTensors, tensors.buffer().data(), tensors.size()},
+      {SectionKind::kIo, io.buffer().data(), io.size()},
+      {SectionKind::kModules, modules.buffer().data(), modules.size()},
+      {SectionKind::kSteps, steps.buffer().data(), steps.size()},
+      {SectionKind::kWeights, desc.weights.data(), desc.weights.size()},
+  };
+  for (const ByteWriter* w : writers)
+    KILN_RETURN_IF_ERROR(w->status().with_context("serialize_engine"));
+
+  // Place the sections.
+  size_t table_end = layout::kHeaderSize + layout::kSectionCount * layout::kEntrySize;
+  size_t offsets[layout::kSectionCount];
+  size_t cursor = table_end;
+  for (uint32_t i = 0; i < layout::kSectionCount; ++i) {
+    cursor = align_up(cursor, layout::kSectionAlignment);
+    offsets[i] = cursor;
+    cursor += sections[i].size;
+  }
+  size_t total = cursor;
+
+  // Value-initialized, so the alignment gaps are already zero.
+  std::vector<uint8_t> out(total);
+  uint8_t* base = out.data();
+  std::memcpy(base + layout::kMagicOffset, kEngineMagic, sizeof(kEngineMagic));
+  put_le32(base + layout::kVersionOffset, kEngineFormatVersion);
+  put_le32(base + layout::kSectionCountOffset, layout::kSectionCount);
+  put_le64(base + layout::kTotalSizeOffset, total);
+  put_le32(base + layout::kFlagsOffset, 0);
+
+  for (uint32_t i = 0; i < layout::kSectionCount; ++i) {
+    const Section& s = sections[i];
+    if (s.size > 0) std::memcpy(base + offsets[i], s.data, s.size);
+    uint8_t* entry = base + layout::kHeaderSize + i * layout::kEntrySize;
+    put_le32(entry + layout::kEntryKindOffset, static_cast<uint32_t>(s.kind));
+    put_le64(entry + layout::kEntryOffsetOffset, offsets[i]);
+    put_le64(entry + layout::kEntrySizeOffset, s.size);
+    put_le32(entry + layout::kEntryCrcOffset, crc32c(s.data, s.size));
+  }
+
+  uint32_t header_crc = crc32c(base, layout::kHeaderCrcOffset);
+  header_crc = crc32c(base + layout::kHeaderSize, table_end - layout::kHeaderSize, header_crc);
+  put_le32(base + layout::kHeaderCrcOffset, header_crc);
+  return out;
+}
+
+}  // namespace kiln::engine
