@@ -1,0 +1,75 @@
+// The capability query: the one place that decides which nodes Kiln takes.
+// The Python partitioner asks it node by node (check_support), so what it
+// accepts here must compile in compiler.cpp.
+#include <algorithm>
+
+#include "compiler/compiler.h"
+#include "ops/gemm_ops.h"
+#include "ops/pointwise_ops.h"
+#include "ops/view_ops.h"
+
+namespace kiln::compiler {
+namespace {
+
+bool is_float(engine::DType d) {
+  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
+}
+
+std::optional<std::string> check_tensors(const OpQuery& q) {
+  auto check = [](const TensorInfo& t, const char* what, size_t i) -> std::optional<std::string> {
+    if (!is_float(t.dtype))
+      return std::string(what) + " " + std::to_string(i) + " is " + engine::dtype_name(t.dtype) +
+             "; Kiln engines take float32, float16 and bfloat16 tensors";
+    if (t.shape.size() > engine::kMaxRank) return std::string(what) + " has rank over 8";
+    for (int64_t d : t.shape)
+      if (d < 0) return std::string(what) + " " + std::to_string(i) + " has a dynamic dimension (not supported yet)";
+    return std::nullopt;
+  };
+  for (size_t i = 0; i < q.inputs.size(); ++i)
+    if (auto r = check(q.inputs[i], "input", i)) return r;
+  if (q.outputs.empty()) return "op has no tensor output";
+  for (size_t i = 0; i < q.outputs.size(); ++i)
+    if (auto r = check(q.outputs[i], "output", i)) return r;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<std::string> supported_ops() {
+  std::vector<std::string> names = {"aten.linear.default", "aten.addmm.default", "aten.mm.default"};
+  for (const auto& p : ops::pointwise_ops())
+    if (std::string(p.name).rfind("aten.", 0) == 0) names.push_back(p.name);
+  for (const char* v : {"aten.view_copy.default", "aten._unsafe_view.default", "aten.squeeze_copy.dims",
+                        "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default", "aten.alias_copy.default",
+                        "aten.permute_copy.default", "aten.t_copy.default", "aten.transpose_copy.int"})
+    names.push_back(v);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::optional<std::string> check_support(const OpQuery& q) {
+  bool known = ops::is_gemm_op(q.op) || ops::find_pointwise_op(q.op) || ops::is_view_op(q.op) ||
+               ops::is_constant_permute_op(q.op);
+  if (!known) return q.op + " is not implemented by the Kiln compiler";
+  if (auto r = check_tensors(q)) return r;
+  if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
+  if (ops::is_gemm_op(q.op)) {
+    std::string why = ops::check_gemm(q);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
+  if (const ops::PointwiseOp* p = ops::find_pointwise_op(q.op)) {
+    if (static_cast<int>(q.inputs.size()) != p->tensor_inputs)
+      return q.op + " with " + std::to_string(q.inputs.size()) + " tensor inputs is not supported";
+    std::string why = ops::check_pointwise_attrs(q.op, q.attrs);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
+  if (q.inputs.size() != 1) return q.op + " needs exactly one tensor input";
+  if (ops::is_constant_permute_op(q.op) && !q.inputs[0].is_constant)
+    return q.op + " on a non-constant tensor is not supported yet (only weights are transposed, at export)";
+  if (ops::is_view_op(q.op) && q.inputs[0].dtype != q.outputs[0].dtype) return "view changes dtype";
+  return std::nullopt;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,17 @@
+// Matrix products lowered to cuBLASLt: linear, addmm, mm. The capability
+// check lives here beside the lowering (passes/fuse.cpp builds GemmPlans from
+// these nodes).
+#pragma once
+
+#include <string>
+
+#include "compiler/compiler.h"
+
+namespace kiln::ops {
+
+bool is_gemm_op(const std::string& op);
+
+// Empty when the compiler takes the node, else why not.
+std::string check_gemm(const compiler::OpQuery& query);
+
+}  // namespace kiln::ops

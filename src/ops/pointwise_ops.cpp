@@ -1,0 +1,109 @@
+#include "ops/pointwise_ops.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace kiln::ops {
+namespace {
+
+// Prints a double as a CUDA float literal that round-trips.
+std::string float_literal(double v) {
+  if (std::isnan(v)) return "__int_as_float(0x7fc00000)";
+  if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9ef", static_cast<double>(static_cast<float>(v)));
+  return buffer;
+}
+
+double scalar_attr(const std::map<std::string, ir::Attr>& attrs, const std::string& key, double fallback,
+                   bool* ok) {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return fallback;
+  if (auto* d = std::get_if<double>(&it->second)) return *d;
+  if (auto* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
+  if (auto* b = std::get_if<bool>(&it->second)) return *b ? 1.0 : 0.0;
+  *ok = false;
+  return fallback;
+}
+
+}  // namespace
+
+const std::vector<PointwiseOp>& pointwise_ops() {
+  static const std::vector<PointwiseOp> kOps = {
+      {"aten.add.Tensor", 2},  {"aten.add.Scalar", 1},  {"aten.sub.Tensor", 2},
+      {"aten.sub.Scalar", 1},  {"aten.mul.Tensor", 2},  {"aten.mul.Scalar", 1},
+      {"aten.div.Tensor", 2},  {"aten.div.Scalar", 1},  {"aten.neg.default", 1},
+      {"aten.relu.default", 1}, {"aten.gelu.default", 1}, {"aten.sigmoid.default", 1},
+      {"aten.tanh.default", 1}, {"aten.exp.default", 1},
+      // Copies and casts: the store converts to the output dtype.
+      {"aten._to_copy.default", 1}, {"aten.clone.default", 1}, {"kiln.cast", 1}, {"kiln.copy", 1},
+      // Broadcasts its input to the output shape; the generated indexing does it.
+      {"aten.expand_copy.default", 1},
+  };
+  return kOps;
+}
+
+const PointwiseOp* find_pointwise_op(const std::string& op) {
+  for (const PointwiseOp& p : pointwise_ops())
+    if (op == p.name) return &p;
+  return nullptr;
+}
+
+std::string check_pointwise_attrs(const std::string& op, const std::map<std::string, ir::Attr>& attrs) {
+  bool ok = true;
+  if (op == "aten.div.Tensor" || op == "aten.div.Scalar") {
+    auto it = attrs.find("rounding_mode");
+    if (it != attrs.end()) {
+      auto* s = std::get_if<std::string>(&it->second);
+      if (!s || !s->empty()) return "div with a rounding mode is not supported";
+    }
+  }
+  if (op == "aten.gelu.default") {
+    auto it = attrs.find("approximate");
+    if (it != attrs.end()) {
+      auto* s = std::get_if<std::string>(&it->second);
+      if (!s || (*s != "none" && *s != "tanh")) return "gelu approximate must be 'none' or 'tanh'";
+    }
+  }
+  scalar_attr(attrs, "alpha", 1.0, &ok);
+  scalar_attr(attrs, "other", 0.0, &ok);
+  if (!ok) return "alpha/other must be a number";
+  return "";
+}
+
+std::string pointwise_expression(const ir::Node& node, const std::vector<std::string>& x) {
+  const std::string& op = node.op;
+  bool ok = true;
+  auto attr = [&](const char* key, double fallback) {
+    double v = scalar_attr(node.attrs, key, fallback, &ok);
+    if (!ok) throw CompileError("node '" + node.name + "': attribute '" + key + "' is not a number");
+    return float_literal(v);
+  };
+  auto scaled = [&](const std::string& b) {
+    double alpha = scalar_attr(node.attrs, "alpha", 1.0, &ok);
+    return alpha == 1.0 ? b : "(" + float_literal(alpha) + " * " + b + ")";
+  };
+  if (op == "aten.add.Tensor") return "(" + x[0] + " + " + scaled(x[1]) + ")";
+  if (op == "aten.add.Scalar") return "(" + x[0] + " + " + scaled(attr("other", 0)) + ")";
+  if (op == "aten.sub.Tensor") return "(" + x[0] + " - " + scaled(x[1]) + ")";
+  if (op == "aten.sub.Scalar") return "(" + x[0] + " - " + scaled(attr("other", 0)) + ")";
+  if (op == "aten.mul.Tensor") return "(" + x[0] + " * " + x[1] + ")";
+  if (op == "aten.mul.Scalar") return "(" + x[0] + " * " + attr("other", 1) + ")";
+  if (op == "aten.div.Tensor") return "(" + x[0] + " / " + x[1] + ")";
+  if (op == "aten.div.Scalar") return "(" + x[0] + " / " + attr("other", 1) + ")";
+  if (op == "aten.neg.default") return "(-" + x[0] + ")";
+  if (op == "aten.relu.default") return "kiln_relu(" + x[0] + ")";
+  if (op == "aten.gelu.default") {
+    return node.string_attr("approximate", "none") == "tanh" ? "kiln_gelu_tanh(" + x[0] + ")"
+                                                             : "kiln_gelu(" + x[0] + ")";
+  }
+  if (op == "aten.sigmoid.default") return "kiln_sigmoid(" + x[0] + ")";
+  if (op == "aten.tanh.default") return "tanhf(" + x[0] + ")";
+  if (op == "aten.exp.default") return "expf(" + x[0] + ")";
+  if (op == "aten._to_copy.default" || op == "aten.clone.default" || op == "kiln.cast" || op == "kiln.copy" ||
+      op == "aten.expand_copy.default")
+    return x[0];
+  throw CompileError("node '" + node.name + "': " + op + " is not an elementwise op");
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,214 @@
+// Fusion: matrix products absorb their bias and a following ReLU (cuBLASLt
+// epilogues); chains of elementwise ops whose intermediates have one consumer
+// and the output's shape become one generated kernel; views cost nothing
+// (they alias their input's storage).
+#include <algorithm>
+#include <cstring>
+
+#include "ops/gemm_ops.h"
+#include "ops/pointwise_ops.h"
+#include "ops/view_ops.h"
+#include "passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+std::string short_name(const std::string& op) {
+  // "aten.addmm.default" -> "addmm"
+  size_t a = op.find('.');
+  size_t b = op.find('.', a + 1);
+  if (a == std::string::npos) return op;
+  return op.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+}
+
+// Adds b^T of a constant [k, n] matrix as a new constant [n, k], so the GEMM
+// reads the weight in nn.Linear's layout and nothing transposes at run time.
+int transposed_constant(ir::Graph& graph, int id) {
+  const ir::Value& v = graph.value(id);
+  int64_t k = v.shape[0], n = v.shape[1];
+  size_t elem = engine::dtype_size(v.dtype);
+  std::vector<uint8_t> data(v.data.size());
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(&data[static_cast<size_t>(j * k + i) * elem], &v.data[static_cast<size_t>(i * n + j) * elem], elem);
+  return graph.add_constant(v.name + "_kn", v.dtype, {n, k}, std::move(data));
+}
+
+}  // namespace
+
+std::vector<int> PlannedOp::reads() const {
+  if (kind == Kind::kPointwise) return pointwise.inputs;
+  std::vector<int> r = {gemm.a, gemm.b};
+  if (gemm.bias >= 0) r.push_back(gemm.bias);
+  if (gemm.c >= 0) r.push_back(gemm.c);
+  return r;
+}
+
+ExecPlan fuse(ir::Graph& graph) {
+  ExecPlan plan;
+  size_t nv = graph.values().size();
+  std::vector<std::vector<int>> consumers(nv);
+  for (size_t n = 0; n < graph.nodes().size(); ++n) {
+    const ir::Node& node = graph.nodes()[n];
+    if (node.op == "kiln.folded") continue;
+    for (int in : node.inputs) consumers[static_cast<size_t>(in)].push_back(static_cast<int>(n));
+  }
+  std::vector<bool> is_output(nv, false);
+  for (int id : graph.outputs()) is_output[static_cast<size_t>(id)] = true;
+
+  std::vector<int> group_of(nv, -1);  // value -> open elementwise op producing it
+  std::vector<bool> dead;             // per plan op, merged into a later one
+  std::vector<bool> absorbed(graph.nodes().size(), false);
+  auto single_use = [&](int v) {
+    return consumers[static_cast<size_t>(v)].size() == 1 && !is_output[static_cast<size_t>(v)];
+  };
+
+  const size_t node_count = graph.nodes().size();  // transposed constants may add values, not nodes
+  for (size_t n = 0; n < node_count; ++n) {
+    if (absorbed[n]) continue;
+    const ir::Node node = graph.nodes()[n];  // copy: the graph may grow below
+    if (node.op == "kiln.folded") continue;
+    const int out = node.outputs.at(0);
+    if (ops::is_view_op(node.op)) {
+      plan.alias_of[out] = plan.storage_of(node.inputs[0]);
+      continue;
+    }
+    if (ops::is_gemm_op(node.op)) {
+      PlannedOp op;
+      op.kind = PlannedOp::Kind::kGemm;
+      GemmPlan& g = op.gemm;
+      auto input = [&](size_t i) -> const ir::Value& { return graph.value(node.inputs.at(i)); };
+      if (node.op == "aten.linear.default") {
+        g.a = node.inputs[0];
+        g.b = node.inputs[1];
+        g.b_transposed = true;
+        g.n = input(1).shape[0];
+        g.k = input(1).shape[1];
+        if (input(0).shape.back() != g.k)
+          throw CompileError("node '" + node.name + "': input features " + std::to_string(input(0).shape.back()) +
+                             " do not match weight " + ir::shape_to_string(input(1).shape));
+        g.m = input(0).numel() / g.k;
+        if (node.inputs.size() == 3) {
+          g.bias = node.inputs[2];
+          g.epilogue = engine::GemmEpilogue::kBias;
+        }
+      } else {
+        size_t first = node.op == "aten.addmm.default" ? 1 : 0;
+        const ir::Value& mat1 = input(first);
+        const ir::Value& mat2 = input(first + 1);
+        if (mat1.shape[1] != mat2.shape[0])
+          throw CompileError("node '" + node.name + "': cannot multiply " + ir::shape_to_string(mat1.shape) +
+                             " by " + ir::shape_to_string(mat2.shape));
+        g.m = mat1.shape[0];
+        g.k = mat1.shape[1];
+        g.n = mat2.shape[1];
+        g.a = node.inputs[first];
+        if (mat2.is_constant) {
+          g.b = transposed_constant(graph, node.inputs[first + 1]);
+          g.b_transposed = true;
+        } else {
+          g.b = node.inputs[first + 1];
+        }
+        if (first == 1) {
+          g.alpha = static_cast<float>(node.float_attr("alpha", 1.0));
+          double beta = node.float_attr("beta", 1.0);
+          const ir::Value& self = graph.value(node.inputs[0]);
+          bool row = self.numel() == g.n && (self.shape.size() == 1 || self.shape[0] == 1);
+          if (row && beta == 1.0) {
+            g.bias = node.inputs[0];
+            g.epilogue = engine::GemmEpilogue::kBias;
+          } else if (self.shape.size() == 2 && self.shape[0] == g.m && self.shape[1] == g.n) {
+            g.c = node.inputs[0];
+            g.beta = static_cast<float>(beta);
+          } else {
+            throw CompileError("node '" + node.name + "': addmm with input " + ir::shape_to_string(self.shape) +
+                               " and beta " + std::to_string(beta) + " is not supported");
+          }
+        }
+      }
+      for (int v : op.reads())
+        if (graph.value(v).dtype != graph.value(out).dtype)
+          throw CompileError("node '" + node.name + "': operand '" + graph.value(v).name + "' is " +
+                             engine::dtype_name(graph.value(v).dtype) + ", result is " +
+                             engine::dtype_name(graph.value(out).dtype));
+      g.out = out;
+      op.label = short_name(node.op);
+      // A ReLU that is the product's only consumer becomes its epilogue.
+      if (single_use(out)) {
+        int c = consumers[static_cast<size_t>(out)][0];
+        const ir::Node& next = graph.nodes()[static_cast<size_t>(c)];
+        if (next.op == "aten.relu.default" && g.c < 0) {
+          g.epilogue = g.epilogue == engine::GemmEpilogue::kBias ? engine::GemmEpilogue::kReluBias
+                                                                 : engine::GemmEpilogue::kRelu;
+          g.out = next.outputs[0];
+          absorbed[static_cast<size_t>(c)] = true;
+          op.label += "+relu";
+        }
+      }
+      plan.ops.push_back(op);
+      dead.push_back(false);
+      continue;
+    }
+    if (!ops::find_pointwise_op(node.op) && node.op != "kiln.copy")
+      throw CompileError("node '" + node.name + "': " + node.op + " is not supported by the Kiln compiler");
+
+    PlannedOp op;
+    op.kind = PlannedOp::Kind::kPointwise;
+    PointwisePlan& p = op.pointwise;
+    std::string label;
+    for (int in : node.inputs) {
+      int g = group_of[static_cast<size_t>(in)];
+      if (g >= 0 && !dead[static_cast<size_t>(g)] && single_use(in) &&
+          graph.value(in).shape == graph.value(out).shape) {
+        PlannedOp& producer = plan.ops[static_cast<size_t>(g)];
+        p.nodes.insert(p.nodes.end(), producer.pointwise.nodes.begin(), producer.pointwise.nodes.end());
+        for (int x : producer.pointwise.inputs)
+          if (std::find(p.inputs.begin(), p.inputs.end(), x) == p.inputs.end()) p.inputs.push_back(x);
+        label += producer.label + "+";
+        dead[static_cast<size_t>(g)] = true;
+      } else if (std::find(p.inputs.begin(), p.inputs.end(), in) == p.inputs.end()) {
+        p.inputs.push_back(in);
+      }
+    }
+    p.nodes.push_back(static_cast<int>(n));
+    p.out = out;
+    op.label = label + short_name(node.op);
+    group_of[static_cast<size_t>(out)] = static_cast<int>(plan.ops.size());
+    plan.ops.push_back(op);
+    dead.push_back(false);
+  }
+
+  // Each graph output gets storage of its own: outputs that are graph inputs,
+  // constants, or share storage with an earlier output are copied.
+  std::vector<int> outputs = graph.outputs();
+  std::vector<bool> taken(graph.values().size() + outputs.size(), false);
+  for (int& id : outputs) {
+    int root = plan.storage_of(id);
+    const ir::Value& v = graph.value(root);
+    bool is_input = std::find(graph.inputs().begin(), graph.inputs().end(), root) != graph.inputs().end();
+    if (!is_input && !v.is_constant && !taken[static_cast<size_t>(root)]) {
+      taken[static_cast<size_t>(root)] = true;
+      continue;
+    }
+    const ir::Value src = graph.value(id);
+    int node = graph.add_node("kiln.copy", src.name + "_copy", {id}, {}, {{src.dtype, src.shape}});
+    PlannedOp op;
+    op.kind = PlannedOp::Kind::kPointwise;
+    op.label = "copy";
+    op.pointwise.nodes = {node};
+    op.pointwise.inputs = {id};
+    op.pointwise.out = graph.nodes()[static_cast<size_t>(node)].outputs[0];
+    id = op.pointwise.out;
+    plan.ops.push_back(op);
+    dead.push_back(false);
+  }
+  graph.set_outputs(outputs);
+
+  ExecPlan live;
+  live.alias_of = plan.alias_of;
+  for (size_t i = 0; i < plan.ops.size(); ++i)
+    if (!dead[i]) live.ops.push_back(std::move(plan.ops[i]));
+  return live;
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,48 @@
+// The compiler's passes, in the order compiler.cpp runs them. Each rewrites
+// the graph (or derives a plan from it) and throws CompileError naming the
+// node it cannot handle.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compiler/compiler.h"
+#include "ir/graph.h"
+#include "passes/exec_plan.h"
+
+namespace kiln::passes {
+
+// Evaluates permutes/transposes and views of constants at export time; the
+// folded node's output becomes a constant and the node is marked "kiln.folded".
+void fold_constants(ir::Graph& graph);
+
+// The dtype the engine computes in: float16/bfloat16 when enabled (float16
+// first), else float32.
+engine::DType choose_compute_dtype(const std::vector<engine::DType>& enabled_precisions);
+
+// Returns a graph whose internal float32 values (and constants) are in
+// `compute`, with casts inserted where graph inputs feed matrix products and
+// where graph outputs need their original dtype back. Unchanged when
+// `compute` is float32.
+ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute);
+
+// Groups the nodes into launches: matrix products (with bias/relu epilogues
+// folded in) and fused elementwise kernels. Adds transposed weight constants
+// to `graph` where that avoids a transpose at run time.
+ExecPlan fuse(ir::Graph& graph);
+
+// Lifetime-based placement of activations in one arena.
+struct ArenaRequest {
+  uint64_t nbytes = 0;
+  int first_op = 0;  // op that writes it
+  int last_op = 0;   // last op that reads it (>= first_op)
+};
+struct ArenaPlan {
+  std::vector<uint64_t> offsets;  // per request, kAlignment aligned
+  uint64_t arena_bytes = 0;
+};
+constexpr uint64_t kArenaAlignment = 256;
+ArenaPlan plan_arena(const std::vector<ArenaRequest>& requests);
+
+}  // namespace kiln::passes

@@ -1,0 +1,201 @@
+// The whole compiler on real graphs: passes, NVRTC, lowering, serialization.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "compiler/compiler.h"
+#include "compiler_test_util.h"
+#include "engine_format/engine_format.h"
+
+namespace kiln {
+namespace {
+
+using engine::DType;
+
+class CompilerPipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  unsigned seed_ = 0;
+  std::mt19937 rng_;
+};
+
+size_t count_steps(const engine::EngineDesc& d, engine::StepKind kind) {
+  size_t n = 0;
+  for (const auto& s : d.steps) n += s.kind == kind;
+  return n;
+}
+
+TEST_F(CompilerPipeline, MlpBecomesThreeGemmsAndOneFusedKernel) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  ir::Graph g = testing::make_mlp_graph(8, 64, 128, 16, rng_);
+  compiler::CompileOptions options;
+  std::vector<std::string> progress;
+  options.progress = [&](const std::string& m) { progress.push_back(m); };
+  engine::EngineDesc d = compiler::compile_to_desc(g, options);
+
+  ASSERT_EQ(d.steps.size(), 4u);
+  EXPECT_EQ(count_steps(d, engine::StepKind::kGemm), 3u);
+  EXPECT_EQ(d.steps[0].gemm.epilogue, engine::GemmEpilogue::kBias);
+  EXPECT_EQ(d.steps[1].kind, engine::StepKind::kKernel);
+  EXPECT_EQ(d.steps[1].label, "gelu");
+  EXPECT_EQ(d.steps[2].gemm.epilogue, engine::GemmEpilogue::kReluBias) << "ReLU folds into the GEMM epilogue";
+  EXPECT_EQ(d.steps[2].label, "addmm+relu");
+  for (const auto& s : d.steps)
+    if (s.kind == engine::StepKind::kGemm) EXPECT_TRUE(s.gemm.b_transposed);
+  // The final GEMM writes the engine output directly.
+  EXPECT_EQ(d.steps[3].gemm.out, d.outputs[0]);
+  EXPECT_EQ(d.tensors[d.outputs[0]].storage, engine::StorageKind::kOutput);
+  // Intermediates [8,128] fp32 = 4096 bytes; three of them, two alive at once.
+  EXPECT_EQ(d.arena_bytes, 2u * 4096u);
+
+  ASSERT_EQ(d.modules.size(), 1u);
+  ASSERT_EQ(d.modules[0].cubins.size(), 2u);
+  EXPECT_EQ(d.modules[0].cubins[0].sm, 87u);
+  EXPECT_EQ(d.modules[0].cubins[1].sm, 90u);
+  for (const auto& c : d.modules[0].cubins) {
+    ASSERT_GT(c.image.size(), 4u);
+    EXPECT_EQ(std::memcmp(c.image.data(), "\x7f" "ELF", 4), 0) << "a cubin is an ELF image";
+  }
+  EXPECT_EQ(d.modules[0].ptx_sm, 90u);
+  EXPECT_NE(d.modules[0].ptx.find(".entry kiln_pw_0"), std::string::npos);
+  EXPECT_FALSE(progress.empty());
+  ASSERT_NE(d.find_metadata("precision"), nullptr);
+  EXPECT_EQ(*d.find_metadata("precision"), "float32");
+}
+
+TEST_F(CompilerPipeline, WeightsKeepNnLinearLayoutAfterFoldingTheTranspose) {
+  ir::Graph g = testing::make_mlp_graph(2, 8, 16, 4, rng_);
+  const ir::Value* fc1_weight = nullptr;
+  for (const auto& v : g.values())
+    if (v.name == "fc1_weight") fc1_weight = &v;
+  ASSERT_NE(fc1_weight, nullptr);
+  std::vector<uint8_t> original = fc1_weight->data;
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  const engine::TensorDesc& b = d.tensors[d.steps[0].gemm.b];
+  ASSERT_EQ(b.storage, engine::StorageKind::kWeight);
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{16, 8}));
+  ASSERT_EQ(b.nbytes, original.size());
+  EXPECT_EQ(std::memcmp(d.weights.data() + b.offset, original.data(), original.size()), 0);
+}
+
+TEST_F(CompilerPipeline, Float16PrecisionCastsAtTheEdges) {
+  ir::Graph g = testing::make_mlp_graph(4, 32, 64, 8, rng_);
+  compiler::CompileOptions options;
+  options.enabled_precisions = {DType::kFloat32, DType::kFloat16};
+  engine::EngineDesc d = compiler::compile_to_desc(g, options);
+  EXPECT_EQ(d.tensors[d.inputs[0]].dtype, DType::kFloat32);
+  EXPECT_EQ(d.tensors[d.outputs[0]].dtype, DType::kFloat32);
+  for (const auto& s : d.steps)
+    if (s.kind == engine::StepKind::kGemm) EXPECT_EQ(d.tensors[s.gemm.a].dtype, DType::kFloat16);
+  EXPECT_EQ(d.steps.front().label, "cast") << "the fp32 input is cast before the first GEMM";
+  EXPECT_EQ(d.steps.back().label, "cast") << "the fp16 result is cast back to fp32";
+  EXPECT_EQ(*d.find_metadata("precision"), "float16");
+  // Weights are stored in half precision.
+  const engine::TensorDesc& w = d.tensors[d.steps[1].gemm.b];
+  EXPECT_EQ(w.dtype, DType::kFloat16);
+}
+
+TEST_F(CompilerPipeline, BroadcastAddFusesWithActivation) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat32, {4, 6});
+  int b = g.add_constant("b", DType::kFloat32, {6}, testing::random_float_bytes(6, rng_));
+  int add = g.add_node("aten.add.Tensor", "add", {x, b}, {{"alpha", 2.0}}, {{DType::kFloat32, {4, 6}}});
+  int sig = g.add_node("aten.sigmoid.default", "sig", {g.nodes()[add].outputs[0]}, {}, {{DType::kFloat32, {4, 6}}});
+  int mul = g.add_node("aten.mul.Scalar", "scale", {g.nodes()[sig].outputs[0]}, {{"other", 0.5}},
+                       {{DType::kFloat32, {4, 6}}});
+  g.set_outputs({g.nodes()[mul].outputs[0]});
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  ASSERT_EQ(d.steps.size(), 1u);
+  EXPECT_EQ(d.steps[0].label, "add+sigmoid+mul");
+  const std::string& src = d.modules[0].source;
+  EXPECT_NE(src.find("% 6LL"), std::string::npos) << src;  // bias indexed by the last dim
+  EXPECT_NE(src.find("2.000000000e+00f"), std::string::npos) << "alpha is applied";
+  EXPECT_EQ(d.arena_bytes, 0u);
+}
+
+TEST_F(CompilerPipeline, OutputThatIsAnInputIsCopied) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat16, {3, 5});
+  int v = g.add_node("aten.view_copy.default", "flat", {x}, {{"size", std::vector<int64_t>{15}}},
+                     {{DType::kFloat16, {15}}});
+  g.set_outputs({g.nodes()[v].outputs[0]});
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  ASSERT_EQ(d.steps.size(), 1u);
+  EXPECT_EQ(d.steps[0].label, "copy");
+  EXPECT_EQ(d.tensors[d.outputs[0]].shape, (std::vector<int64_t>{15}));
+}
+
+TEST_F(CompilerPipeline, SerializedEngineParsesBack) {
+  ir::Graph g = testing::make_mlp_graph(2, 16, 32, 4, rng_);
+  compiler::CompileOptions options;
+  options.use_cuda_graphs = 1;
+  std::vector<uint8_t> bytes = compiler::compile_graph(g, options);
+  Result<engine::EngineDesc> parsed = engine::parse_engine(bytes.data(), bytes.size());
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed.value().steps.size(), 4u);
+  ASSERT_NE(parsed.value().find_metadata("use_cuda_graphs"), nullptr);
+  EXPECT_EQ(*parsed.value().find_metadata("use_cuda_graphs"), "true");
+}
+
+TEST(CompilerSupport, TakesKnownOpsAndExplainsRefusals) {
+  compiler::OpQuery addmm{"aten.addmm.default",
+                          {{DType::kFloat32, {32}, true}, {DType::kFloat32, {8, 16}, false}, {DType::kFloat32, {16, 32}, true}},
+                          {},
+                          {{DType::kFloat32, {8, 32}, false}}};
+  EXPECT_FALSE(compiler::check_support(addmm).has_value());
+
+  compiler::OpQuery cumsum{"aten.cumsum.default", {{DType::kFloat32, {8, 32}, false}}, {{"dim", int64_t{1}}},
+                           {{DType::kFloat32, {8, 32}, false}}};
+  auto why = compiler::check_support(cumsum);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("aten.cumsum.default"), std::string::npos);
+
+  compiler::OpQuery permute{"aten.permute_copy.default", {{DType::kFloat32, {8, 32}, false}},
+                            {{"dims", std::vector<int64_t>{1, 0}}}, {{DType::kFloat32, {32, 8}, false}}};
+  ASSERT_TRUE(compiler::check_support(permute).has_value());
+  permute.inputs[0].is_constant = true;
+  EXPECT_FALSE(compiler::check_support(permute).has_value());
+
+  compiler::OpQuery ints{"aten.add.Tensor", {{DType::kInt64, {4}, false}, {DType::kInt64, {4}, false}}, {},
+                         {{DType::kInt64, {4}, false}}};
+  ASSERT_TRUE(compiler::check_support(ints).has_value());
+  EXPECT_NE(compiler::check_support(ints)->find("int64"), std::string::npos);
+
+  compiler::OpQuery floor_div{"aten.div.Tensor", {{DType::kFloat32, {4}, false}, {DType::kFloat32, {4}, false}},
+                              {{"rounding_mode", std::string("floor")}}, {{DType::kFloat32, {4}, false}}};
+  EXPECT_TRUE(compiler::check_support(floor_div).has_value());
+}
+
+TEST(CompilerErrors, NamesTheProblem) {
+  std::mt19937 rng(1);
+  ir::Graph g = testing::make_mlp_graph(2, 8, 8, 2, rng);
+  compiler::CompileOptions bad_sm;
+  bad_sm.target_sms = {60};
+  try {
+    compiler::compile_to_desc(g, bad_sm);
+    FAIL() << "sm_60 accepted";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("60"), std::string::npos);
+  }
+
+  ir::Graph h;
+  int x = h.add_input("x", DType::kFloat32, {4});
+  int n = h.add_node("aten.cumsum.default", "my_cumsum", {x}, {{"dim", int64_t{0}}}, {{DType::kFloat32, {4}}});
+  h.set_outputs({h.nodes()[n].outputs[0]});
+  try {
+    compiler::compile_to_desc(h, {});
+    FAIL() << "cumsum accepted";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("my_cumsum"), std::string::npos) << e.what();
+  }
+
+  ir::Graph c;
+  EXPECT_THROW(c.add_constant("w", DType::kFloat32, {2, 2}, std::vector<uint8_t>(3)), CompileError);
+}
+
+}  // namespace
+}  // namespace kiln
