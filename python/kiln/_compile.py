@@ -1,0 +1,203 @@
+"""kiln.compile / kiln.save and the CompiledProgram they pass between them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+from torch.export import ExportedProgram
+
+from ._logging import announce
+from ._options import DEFAULT_TARGET_SMS, KilnOptions, validate_options
+from .partitioner import KilnPartitioner, PartitionSummary
+
+logger = logging.getLogger("kiln")
+
+OUTPUT_FORMATS = ("executorch",)
+
+
+def check_exported_program(exported_program: Any, func: str) -> ExportedProgram:
+    if not isinstance(exported_program, ExportedProgram):
+        raise TypeError(
+            f"{func}: expected a torch.export.ExportedProgram, got "
+            f"{type(exported_program).__module__}.{type(exported_program).__qualname__}; "
+            "call torch.export.export(model, example_inputs) first"
+        )
+    return exported_program
+
+
+def check_arg_inputs(program: ExportedProgram, arg_inputs: Any) -> None:
+    """Checks `arg_inputs` against the program's user inputs (count, dtype,
+    shape); raises naming the first one that differs."""
+    if not isinstance(arg_inputs, (list, tuple)):
+        raise TypeError(
+            f"arg_inputs: expected a tuple or list of tensors, got {type(arg_inputs).__name__}"
+        )
+    names = program.graph_signature.user_inputs
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    if len(arg_inputs) != len(names):
+        raise ValueError(
+            f"arg_inputs: the exported program takes {len(names)} input(s) "
+            f"({', '.join(map(str, names))}), got {len(arg_inputs)}"
+        )
+    for i, (name, given) in enumerate(zip(names, arg_inputs)):
+        expected = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(expected, torch.Tensor):
+            continue  # a non-tensor input: nothing to compare
+        if not isinstance(given, torch.Tensor):
+            raise TypeError(
+                f"arg_inputs[{i}] ('{name}'): expected a torch.Tensor, got {type(given).__name__}"
+            )
+        if given.dtype != expected.dtype:
+            raise ValueError(
+                f"arg_inputs[{i}] ('{name}'): dtype {given.dtype} does not match the "
+                f"exported program's {expected.dtype}"
+            )
+        if tuple(given.shape) != tuple(expected.shape):
+            raise ValueError(
+                f"arg_inputs[{i}] ('{name}'): shape {list(given.shape)} does not match the "
+                f"exported program's {list(expected.shape)}"
+            )
+
+
+def edge_compile_config() -> EdgeCompileConfig:
+    return EdgeCompileConfig(
+        # Kept ops (aten.linear) are not core ATen; the edge verifier would
+        # reject them although the backend consumes them.
+        _check_ir_validity=False,
+        # Keep aten._to_copy / aten.clone (the names the compiler knows)
+        # rather than ExecuTorch's dim_order_ops variants; Kiln tensors are
+        # always contiguous, so dim order carries nothing for it.
+        _skip_dim_order=True,
+    )
+
+
+def lower(exported_program: ExportedProgram, options: KilnOptions) -> tuple[EdgeProgramManager, PartitionSummary]:
+    """Edge conversion + partitioning + preprocess (engine compilation)."""
+    partitioner = KilnPartitioner(options)
+    manager = to_edge_transform_and_lower(
+        exported_program, partitioner=[partitioner], compile_config=edge_compile_config()
+    )
+    summary = partitioner.last_summary or PartitionSummary()
+    return manager, summary
+
+
+def delegate_ids(manager: EdgeProgramManager) -> list[str]:
+    """Backend ids of the lowered calls, in graph order."""
+    graph_module = manager.exported_program().graph_module
+    ids = []
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "executorch_call_delegate":
+            lowered = getattr(graph_module, node.args[0].target)
+            ids.append(lowered.backend_id)
+    return ids
+
+
+@dataclass
+class CompiledProgram:
+    """A program lowered for Kiln: the edge program manager (with its Kiln
+    delegates already compiled), the options used and the partition summary."""
+
+    edge_program_manager: EdgeProgramManager
+    options: KilnOptions
+    summary: PartitionSummary
+    exported_program: ExportedProgram  # kept so save() can re-lower
+
+    @property
+    def delegates(self) -> list[str]:
+        return delegate_ids(self.edge_program_manager)
+
+    def __repr__(self) -> str:
+        return f"<kiln.CompiledProgram {self.summary.line().removeprefix('kiln: ')}>"
+
+
+def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
+    exported_program: ExportedProgram,
+    arg_inputs: Sequence[torch.Tensor] | None = None,
+    enabled_precisions: Any = frozenset({torch.float32}),
+    min_block_size: int = 1,
+    target_sms: Sequence[int] = DEFAULT_TARGET_SMS,
+    use_cuda_graphs: bool | None = None,
+) -> CompiledProgram:
+    """Partitions `exported_program` and compiles the supported subgraphs into
+    Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
+
+    Args:
+      exported_program: from ``torch.export.export`` (static shapes).
+      arg_inputs: optional example inputs, checked against the program.
+      enabled_precisions: dtypes engines may compute in, a subset of
+        {torch.float32, torch.float16, torch.bfloat16}.
+      min_block_size: partitions with fewer ops stay on the CPU.
+      target_sms: GPU architectures to build machine code for (>= 70); PTX is
+        added for the newest so newer GPUs can JIT it.
+      use_cuda_graphs: baked into the engines; None leaves it to the runtime.
+    """
+    check_exported_program(exported_program, "kiln.compile")
+    options = validate_options(
+        enabled_precisions=enabled_precisions,
+        min_block_size=min_block_size,
+        target_sms=target_sms,
+        use_cuda_graphs=use_cuda_graphs,
+    )
+    if arg_inputs is not None:
+        check_arg_inputs(exported_program, arg_inputs)
+    manager, summary = lower(exported_program, options)
+    return CompiledProgram(manager, options, summary, exported_program)
+
+
+def save(
+    compiled: CompiledProgram,
+    path: str | os.PathLike,
+    output_format: str = "executorch",
+    use_cuda_graphs: bool | None = None,
+) -> Path:
+    """Writes `compiled` as one ExecuTorch .pte; returns the path.
+
+    ``use_cuda_graphs`` (when not None and different from what was given to
+    ``kiln.compile``) re-lowers the program, because the choice is baked into
+    each engine's metadata at compile time.
+    """
+    if not isinstance(compiled, CompiledProgram):
+        raise TypeError(
+            f"kiln.save: expected a kiln.CompiledProgram (from kiln.compile), "
+            f"got {type(compiled).__name__}"
+        )
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(
+            f"kiln.save: output_format {output_format!r} is not supported; "
+            f"use one of {', '.join(OUTPUT_FORMATS)}"
+        )
+    if use_cuda_graphs is not None and not isinstance(use_cuda_graphs, bool):
+        raise TypeError(
+            f"use_cuda_graphs: expected True, False or None, got {type(use_cuda_graphs).__name__}"
+        )
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"kiln.save: path must be a str or os.PathLike, got {type(path).__name__}")
+
+    manager = compiled.edge_program_manager
+    if use_cuda_graphs is not None and compiled.options.cuda_graphs_choice is not use_cuda_graphs:
+        announce(
+            f"kiln: re-lowering for use_cuda_graphs={use_cuda_graphs} "
+            f"(compile() had {compiled.options.cuda_graphs_choice}); pass it to kiln.compile to avoid this"
+        )
+        options = validate_options(
+            enabled_precisions=set(compiled.options.enabled_precisions),
+            min_block_size=compiled.options.min_block_size,
+            target_sms=compiled.options.target_sms,
+            use_cuda_graphs=use_cuda_graphs,
+            emit_ptx=compiled.options.emit_ptx,
+        )
+        manager, _ = lower(compiled.exported_program, options)
+
+    program = manager.to_executorch()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        program.write_to_file(f)
+    logger.info("kiln: wrote %s (%d bytes)", path, path.stat().st_size)
+    return path

@@ -1,0 +1,166 @@
+"""One FX node as Kiln sees it: op name, tensor inputs, attributes, outputs.
+
+The partitioner (asking ``check_support``) and the backend (building the
+graph) both describe nodes through ``describe_node`` so the compiler is asked
+about exactly what it will later be given.
+
+Normalization rules, following the op's schema:
+  * op name: "<namespace>.<name>.<overload>", e.g. "aten.addmm.default";
+  * tensor arguments become inputs, in schema order; an optional tensor that
+    is None adds nothing; a list of tensors (``cat``) adds every tensor and an
+    int attribute "<argname>_count";
+  * every other argument (given or defaulted, except None) becomes an
+    attribute keyed by its schema name: bool/int/float/str/list of int or
+    float; a torch.dtype becomes its Kiln dtype name ("float16");
+  * outputs come from the fake-tensor metadata ``node.meta["val"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+TORCH_TO_KILN_DTYPE: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.bool: "bool",
+}
+
+
+class UnsupportedNode(Exception):
+    """The node cannot be described to Kiln at all (e.g. dynamic shapes)."""
+
+
+@dataclass
+class TensorType:
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class NodeDescription:
+    op: str
+    name: str
+    inputs: list[torch.fx.Node] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    outputs: list[TensorType] = field(default_factory=list)
+
+
+def op_name(target: Any) -> str:
+    """"aten.addmm.default" for an ATen OpOverload or an edge-dialect op."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return getattr(target, "__name__", str(target))
+    name = schema.name.replace("::", ".")
+    return f"{name}.{schema.overload_name or 'default'}"
+
+
+def is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def tensor_type(value: Any, what: str) -> TensorType:
+    """TensorType of a (fake) tensor; UnsupportedNode for symbolic shapes or
+    dtypes Kiln does not have."""
+    if not isinstance(value, torch.Tensor):
+        raise UnsupportedNode(f"{what} is not a tensor ({type(value).__name__})")
+    if value.dtype not in TORCH_TO_KILN_DTYPE:
+        raise UnsupportedNode(f"{what} has dtype {value.dtype}, which Kiln does not support")
+    if not all(isinstance(dim, int) for dim in value.shape):
+        raise UnsupportedNode(f"{what} has a dynamic shape {list(value.shape)}")
+    shape = [int(dim) for dim in value.shape]
+    return TensorType(TORCH_TO_KILN_DTYPE[value.dtype], shape)
+
+
+def node_tensor_type(node: torch.fx.Node) -> TensorType:
+    if "val" not in node.meta:
+        raise UnsupportedNode(f"node '{node.name}' has no shape metadata")
+    return tensor_type(node.meta["val"], f"node '{node.name}'")
+
+
+def output_types(node: torch.fx.Node) -> list[TensorType]:
+    val = node.meta.get("val")
+    if val is None:
+        raise UnsupportedNode(f"node '{node.name}' has no shape metadata")
+    if isinstance(val, (list, tuple)):
+        return [tensor_type(v, f"output {i} of '{node.name}'") for i, v in enumerate(val)]
+    return [tensor_type(val, f"output of '{node.name}'")]
+
+
+def _attr_value(value: Any, arg_name: str, node: torch.fx.Node) -> Any:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        if value not in TORCH_TO_KILN_DTYPE:
+            raise UnsupportedNode(f"argument '{arg_name}' is dtype {value}")
+        return TORCH_TO_KILN_DTYPE[value]
+    if isinstance(value, (torch.memory_format, torch.layout, torch.device)):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return list(value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise UnsupportedNode(f"argument '{arg_name}' is symbolic")
+    raise UnsupportedNode(
+        f"argument '{arg_name}' of '{node.name}' has an unsupported value {type(value).__name__}"
+    )
+
+
+def _is_tensor_node(value: Any) -> bool:
+    return isinstance(value, torch.fx.Node)
+
+
+def describe_node(node: torch.fx.Node) -> NodeDescription:
+    """Normalizes a call_function node; raises UnsupportedNode when it cannot
+    be expressed in Kiln's IR."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        raise UnsupportedNode(f"node '{node.name}' is not an operator call")
+    desc = NodeDescription(op=op_name(node.target), name=node.name)
+    positional = list(node.args)
+    for index, arg in enumerate(schema.arguments):
+        if not arg.kwarg_only and index < len(positional):
+            value = positional[index]
+        elif arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            raise UnsupportedNode(f"node '{node.name}' is missing argument '{arg.name}'")
+        if value is None:
+            continue
+        if _is_tensor_node(value):
+            node_tensor_type(value)  # validates dtype and static shape
+            desc.inputs.append(value)
+        elif isinstance(value, (list, tuple)) and any(_is_tensor_node(v) for v in value):
+            if not all(_is_tensor_node(v) for v in value):
+                raise UnsupportedNode(
+                    f"argument '{arg.name}' of '{node.name}' mixes tensors and other values"
+                )
+            for v in value:
+                node_tensor_type(v)
+            desc.inputs.extend(value)
+            desc.attrs[f"{arg.name}_count"] = len(value)
+        else:
+            desc.attrs[arg.name] = _attr_value(value, arg.name, node)
+    desc.outputs = output_types(node)
+    return desc
+
+
+def constant_placeholder_names(program: "torch.export.ExportedProgram") -> set[str]:
+    """Placeholders whose data is known at export: parameters, buffers that are
+    never mutated, and lifted tensor constants. Kiln bakes these into the
+    engine's weights."""
+    sig = program.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    names = set(sig.inputs_to_parameters) | set(sig.inputs_to_lifted_tensor_constants)
+    names |= {name for name, target in sig.inputs_to_buffers.items() if target not in mutated}
+    return names

@@ -1,0 +1,170 @@
+"""Kiln's user-facing options: validation and their compile-spec encoding.
+
+The options travel from ``kiln.compile`` to ``KilnBackend.preprocess`` inside
+ExecuTorch's ``CompileSpec`` list (key -> bytes), so they are encoded as short
+ASCII strings that are also readable when inspecting a .pte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+# Dtypes the engine can compute in, in a stable order for encoding.
+PRECISIONS: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+_PRECISION_BY_NAME = {name: dtype for dtype, name in PRECISIONS.items()}
+
+# NVRTC in CUDA 13 (what the compiler links) builds for sm_75 and newer.
+MIN_SM = 75
+DEFAULT_TARGET_SMS = (87, 90)
+
+
+@dataclass(frozen=True)
+class KilnOptions:
+    enabled_precisions: tuple[str, ...] = ("float32",)
+    min_block_size: int = 1
+    target_sms: tuple[int, ...] = DEFAULT_TARGET_SMS
+    use_cuda_graphs: int = -1  # -1: no choice baked in, 0: off, 1: on
+    emit_ptx: bool = True
+
+    # ---- compile specs ---------------------------------------------------
+    def to_compile_specs(self) -> list[CompileSpec]:
+        return [
+            CompileSpec("enabled_precisions", ",".join(self.enabled_precisions).encode()),
+            CompileSpec("target_sms", ",".join(str(sm) for sm in self.target_sms).encode()),
+            CompileSpec("use_cuda_graphs", str(self.use_cuda_graphs).encode()),
+            CompileSpec("min_block_size", str(self.min_block_size).encode()),
+            CompileSpec("emit_ptx", b"1" if self.emit_ptx else b"0"),
+        ]
+
+    @staticmethod
+    def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
+        """Inverse of to_compile_specs; unknown keys are an error so a typo in
+        a hand-written spec is not silently ignored."""
+        values: dict[str, Any] = {}
+        for spec in specs:
+            text = bytes(spec.value).decode("ascii")
+            if spec.key == "enabled_precisions":
+                values["enabled_precisions"] = tuple(p for p in text.split(",") if p)
+            elif spec.key == "target_sms":
+                values["target_sms"] = tuple(int(s) for s in text.split(",") if s)
+            elif spec.key == "use_cuda_graphs":
+                values["use_cuda_graphs"] = int(text)
+            elif spec.key == "min_block_size":
+                values["min_block_size"] = int(text)
+            elif spec.key == "emit_ptx":
+                values["emit_ptx"] = text == "1"
+            else:
+                raise ValueError(f"KilnBackend: unknown compile spec key {spec.key!r}")
+        return validate_options(
+            enabled_precisions=values.get("enabled_precisions", ("float32",)),
+            min_block_size=values.get("min_block_size", 1),
+            target_sms=values.get("target_sms", DEFAULT_TARGET_SMS),
+            use_cuda_graphs={-1: None, 0: False, 1: True}.get(
+                values.get("use_cuda_graphs", -1), "bad"
+            ),
+            emit_ptx=values.get("emit_ptx", True),
+        )
+
+    # ---- for messages and summaries -------------------------------------
+    @property
+    def cuda_graphs_choice(self) -> bool | None:
+        return None if self.use_cuda_graphs < 0 else bool(self.use_cuda_graphs)
+
+
+def _precision_name(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        if value not in PRECISIONS:
+            raise ValueError(
+                f"enabled_precisions: {value} is not supported; "
+                f"use a subset of {{torch.float32, torch.float16, torch.bfloat16}}"
+            )
+        return PRECISIONS[value]
+    if isinstance(value, str):
+        name = value.removeprefix("torch.")
+        name = {"half": "float16", "float": "float32"}.get(name, name)
+        if name not in _PRECISION_BY_NAME:
+            raise ValueError(
+                f"enabled_precisions: {value!r} is not supported; "
+                f"use a subset of {{torch.float32, torch.float16, torch.bfloat16}}"
+            )
+        return name
+    raise TypeError(
+        f"enabled_precisions: expected torch.dtype values, got {type(value).__name__} {value!r}"
+    )
+
+
+def validate_options(
+    enabled_precisions: Any = (torch.float32,),
+    min_block_size: Any = 1,
+    target_sms: Any = DEFAULT_TARGET_SMS,
+    use_cuda_graphs: Any = None,
+    emit_ptx: Any = True,
+) -> KilnOptions:
+    """Checks every option and returns them normalized; raises TypeError or
+    ValueError naming the argument."""
+    if isinstance(enabled_precisions, (torch.dtype, str)):
+        enabled_precisions = {enabled_precisions}
+    if not isinstance(enabled_precisions, (set, frozenset, list, tuple)):
+        raise TypeError(
+            "enabled_precisions: expected a set of torch dtypes, e.g. {torch.float16}, "
+            f"got {type(enabled_precisions).__name__}"
+        )
+    names = {_precision_name(p) for p in enabled_precisions}
+    if not names:
+        raise ValueError("enabled_precisions: must name at least one dtype")
+    precisions = tuple(name for name in PRECISIONS.values() if name in names)
+
+    if isinstance(min_block_size, bool) or not isinstance(min_block_size, int):
+        raise TypeError(f"min_block_size: expected an int, got {type(min_block_size).__name__}")
+    if min_block_size < 1:
+        raise ValueError(f"min_block_size: must be >= 1, got {min_block_size}")
+
+    if isinstance(target_sms, int):
+        target_sms = (target_sms,)
+    if not isinstance(target_sms, (list, tuple, set, frozenset)):
+        raise TypeError(
+            f"target_sms: expected a sequence of ints such as (87, 90), "
+            f"got {type(target_sms).__name__}"
+        )
+    sms: list[int] = []
+    for sm in target_sms:
+        if isinstance(sm, bool) or not isinstance(sm, int):
+            raise TypeError(
+                f"target_sms: each SM must be an int such as 87 or 90, got {type(sm).__name__} {sm!r}"
+            )
+        if sm < MIN_SM:
+            raise ValueError(f"target_sms: SM {sm} is too old; Kiln needs SM {MIN_SM} or newer")
+        if sm > 200:  # same bound as the compiler
+            raise ValueError(f"target_sms: {sm} is not an SM number (write 90 for sm_90)")
+        sms.append(sm)
+    if not sms:
+        raise ValueError("target_sms: must name at least one SM")
+
+    if use_cuda_graphs is None:
+        cuda_graphs = -1
+    elif isinstance(use_cuda_graphs, bool):
+        cuda_graphs = int(use_cuda_graphs)
+    else:
+        raise TypeError(
+            f"use_cuda_graphs: expected True, False or None, got {type(use_cuda_graphs).__name__}"
+        )
+
+    if not isinstance(emit_ptx, bool):
+        raise TypeError(f"emit_ptx: expected a bool, got {type(emit_ptx).__name__}")
+
+    return KilnOptions(
+        enabled_precisions=precisions,
+        min_block_size=min_block_size,
+        target_sms=tuple(sorted(set(sms))),
+        use_cuda_graphs=cuda_graphs,
+        emit_ptx=emit_ptx,
+    )

@@ -1,0 +1,152 @@
+"""ExportedProgram (one delegated partition) -> Kiln IR graph.
+
+Placeholders that are user inputs become graph inputs, in the program's
+argument order (the order ExecuTorch passes them to the delegate);
+parameters, buffers and lifted constants become constants with their bytes;
+call_function nodes become IR nodes described by ``_fx_nodes.describe_node``;
+the output node sets the graph outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from . import _fx_nodes
+from ._native import CompileError, native
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """Contiguous row-major bytes of a CPU tensor; bfloat16 goes through an
+    int16 view because numpy has no bfloat16."""
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def _constant_tensor(program: ExportedProgram, node: torch.fx.Node) -> torch.Tensor:
+    sig = program.graph_signature
+    if node.name in sig.inputs_to_parameters:
+        key = sig.inputs_to_parameters[node.name]
+        value = program.state_dict.get(key)
+    elif node.name in sig.inputs_to_buffers:
+        key = sig.inputs_to_buffers[node.name]
+        value = program.state_dict.get(key)
+        if value is None:  # non-persistent buffers live in constants
+            value = program.constants.get(key)
+    else:
+        key = sig.inputs_to_lifted_tensor_constants[node.name]
+        value = program.constants.get(key)
+    if not isinstance(value, torch.Tensor):
+        raise CompileError(f"constant '{node.name}' ({key}) has no tensor data in the program")
+    return value
+
+
+def _getitem_source(node: torch.fx.Node) -> tuple[torch.fx.Node, int]:
+    source, index = node.args[0], node.args[1]
+    if not isinstance(source, torch.fx.Node) or not isinstance(index, int):
+        raise CompileError(f"node '{node.name}': unexpected getitem arguments {node.args}")
+    return source, index
+
+
+class _Builder:
+    def __init__(self, program: ExportedProgram) -> None:
+        self.program = program
+        self.graph = native().Graph()
+        # FX node -> value ids (one per output of the node)
+        self.values: dict[torch.fx.Node, list[int]] = {}
+        self.input_names: list[str] = []
+        self.output_names: list[str] = []
+
+    def value_of(self, node: torch.fx.Node, user: torch.fx.Node) -> int:
+        ids = self.values.get(node)
+        if ids is None:
+            raise CompileError(f"node '{user.name}': input '{node.name}' is not a tensor Kiln has")
+        if len(ids) != 1:
+            raise CompileError(
+                f"node '{user.name}': input '{node.name}' has {len(ids)} outputs; expected a getitem"
+            )
+        return ids[0]
+
+    def add_placeholders(self) -> None:
+        kinds = {spec.arg.name: spec for spec in self.program.graph_signature.input_specs}
+        constants = _fx_nodes.constant_placeholder_names(self.program)
+        for node in self.program.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            spec = kinds.get(node.name)
+            t = self._type(node)
+            if node.name in constants:
+                data = tensor_bytes(_constant_tensor(self.program, node))
+                self.values[node] = [self.graph.add_constant(node.name, t.dtype, t.shape, data)]
+            elif spec is not None and spec.kind == InputKind.USER_INPUT:
+                self.values[node] = [self.graph.add_input(node.name, t.dtype, t.shape)]
+                self.input_names.append(node.name)
+            else:
+                kind = spec.kind.name if spec is not None else "unknown"
+                raise CompileError(
+                    f"input '{node.name}' is a {kind} input; Kiln takes user inputs and "
+                    "constant parameters/buffers only (no mutable state)"
+                )
+
+    def add_call(self, node: torch.fx.Node) -> None:
+        if _fx_nodes.is_getitem(node):
+            source, index = _getitem_source(node)
+            ids = self.values.get(source)
+            if ids is None or not 0 <= index < len(ids):
+                raise CompileError(f"node '{node.name}': getitem {index} of '{source.name}' is out of range")
+            self.values[node] = [ids[index]]
+            return
+        try:
+            desc = _fx_nodes.describe_node(node)
+        except _fx_nodes.UnsupportedNode as e:
+            raise CompileError(f"node '{node.name}' ({_fx_nodes.op_name(node.target)}): {e}") from None
+        inputs = [self.value_of(arg, node) for arg in desc.inputs]
+        outputs = [(t.dtype, t.shape) for t in desc.outputs]
+        self.values[node] = list(self.graph.add_node(desc.op, desc.name, inputs, desc.attrs, outputs))
+
+    def set_outputs(self, node: torch.fx.Node) -> None:
+        out_specs = self.program.graph_signature.output_specs
+        stateful = [s for s in out_specs if s.kind != OutputKind.USER_OUTPUT]
+        if stateful:
+            raise CompileError(
+                f"output '{stateful[0].arg}' is a {stateful[0].kind.name}; "
+                "Kiln engines have no mutable state"
+            )
+        results = node.args[0]
+        if not isinstance(results, (list, tuple)):
+            results = (results,)
+        ids = []
+        for value in results:
+            if not isinstance(value, torch.fx.Node):
+                raise CompileError(f"program output {value!r} is not a tensor")
+            ids.append(self.value_of(value, node))
+            self.output_names.append(value.name)
+        self.graph.set_outputs(ids)
+
+    def _type(self, node: torch.fx.Node) -> _fx_nodes.TensorType:
+        try:
+            return _fx_nodes.node_tensor_type(node)
+        except _fx_nodes.UnsupportedNode as e:
+            raise CompileError(str(e)) from None
+
+
+def build_graph(program: ExportedProgram) -> Any:
+    """The Kiln IR ``Graph`` for `program`; raises CompileError naming the
+    node it cannot express."""
+    builder = _Builder(program)
+    builder.add_placeholders()
+    for node in program.graph.nodes:
+        if node.op == "call_function":
+            builder.add_call(node)
+        elif node.op == "output":
+            builder.set_outputs(node)
+        elif node.op != "placeholder":
+            raise CompileError(f"node '{node.name}': unexpected FX op '{node.op}'")
+    builder.graph.verify()
+    return builder.graph

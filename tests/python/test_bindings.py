@@ -1,0 +1,140 @@
+"""The nanobind module kiln._kiln_compiler used directly."""
+
+import threading
+
+import pytest
+
+import kiln
+
+pytestmark = pytest.mark.needs_compiler
+
+
+@pytest.fixture
+def kc():
+    return kiln._kiln_compiler
+
+
+def _relu_graph(kc, dtype="float32"):
+    g = kc.Graph()
+    x = g.add_input("x", dtype, [4, 8])
+    ids = g.add_node("aten.relu.default", "relu", [x], {}, [(dtype, [4, 8])])
+    g.set_outputs(ids)
+    return g
+
+
+def test_supported_ops(kc):
+    ops = kc.supported_ops()
+    for name in ["aten.linear.default", "aten.addmm.default", "aten.mm.default",
+                 "aten.add.Tensor", "aten.mul.Scalar", "aten.gelu.default", "aten.relu.default",
+                 "aten.view_copy.default", "aten.permute_copy.default"]:
+        assert name in ops
+    assert "aten.cumsum.default" not in ops
+
+
+def test_check_support(kc):
+    assert kc.check_support("aten.relu.default", [("float32", [4, 8], False)], {}, [("float32", [4, 8])]) is None
+    reason = kc.check_support("aten.cumsum.default", [("float32", [4, 8], False)], {"dim": 1}, [("float32", [4, 8])])
+    assert "aten.cumsum.default" in reason
+    reason = kc.check_support("aten.relu.default", [("int64", [4], False)], {}, [("int64", [4])])
+    assert "int64" in reason
+    # Transposes are folded into weights only.
+    args = ([("float32", [8, 4], False)], {"dims": [1, 0]}, [("float32", [4, 8])])
+    assert kc.check_support("aten.permute_copy.default", *args) is not None
+    args[0][0] = ("float32", [8, 4], True)
+    assert kc.check_support("aten.permute_copy.default", *args) is None
+
+
+@pytest.mark.parametrize(
+    "inputs, error, message",
+    [
+        ([("float64", [4], False)], ValueError, "unknown dtype 'float64'"),
+        ([("float32", [4])], ValueError, "expected 3 fields"),
+        ([("float32", [-1], False)], ValueError, "negative dimension"),
+        ([("float32", [1.5], False)], TypeError, "shape must be a list of ints"),
+        (["float32"], TypeError, "tuple"),
+    ],
+)
+def test_check_support_argument_errors(kc, inputs, error, message):
+    with pytest.raises(error, match=message):
+        kc.check_support("aten.relu.default", inputs, {}, [("float32", [4])])
+
+
+def test_graph_building(kc):
+    g = kc.Graph()
+    x = g.add_input("x", "float16", [2, 3])
+    w = g.add_constant("w", "float16", [3], b"\0" * 6)
+    (y,) = g.add_node(
+        "aten.mul.Tensor", "scale", [x, w],
+        {"flag": True, "count": 3, "ratio": 0.5, "mode": "tanh", "dims": [1, 0], "scales": [1, 2.5], "empty": []},
+        [("float16", [2, 3])],
+    )
+    g.set_outputs([y])
+    assert (x, w) == (0, 1) and y == 2
+    assert g.inputs == [x] and g.outputs == [y] and g.num_nodes == 1
+    g.verify()
+    text = g.describe()
+    assert "scale" in text and "aten.mul.Tensor" in text
+
+
+def test_graph_errors(kc):
+    g = kc.Graph()
+    with pytest.raises(TypeError, match="attribute 'bad'"):
+        g.add_node("aten.relu.default", "r", [], {"bad": None}, [("float32", [1])])
+    with pytest.raises(TypeError, match="attribute 'bad'"):
+        g.add_node("aten.relu.default", "r", [], {"bad": [True]}, [("float32", [1])])
+    with pytest.raises(ValueError, match="unknown dtype 'half'"):
+        g.add_input("x", "half", [1])
+    # Constant bytes that do not match the shape are refused at once.
+    with pytest.raises(kiln.CompileError, match="constant 'w'"):
+        g.add_constant("w", "float32", [4], b"\0" * 3)
+
+
+def test_compile_progress_and_options(kc):
+    messages = []
+    engine = kc.compile(_relu_graph(kc), target_sms=[87], emit_ptx=False,
+                        enabled_precisions=["float32"], use_cuda_graphs=1, progress=messages.append)
+    assert messages and all(isinstance(m, str) for m in messages)
+    info = kc.inspect_engine(engine)
+    assert info["metadata"]["use_cuda_graphs"] == "true"
+    assert [m["sms"] for m in info["modules"]] == [[87]]
+    assert all(m["ptx_bytes"] == 0 for m in info["modules"])
+
+
+def test_progress_callback_errors_propagate(kc):
+    def progress(message):
+        raise KeyError("stop here")
+
+    with pytest.raises(KeyError, match="stop here"):
+        kc.compile(_relu_graph(kc), target_sms=[90], progress=progress)
+
+
+def test_compile_argument_errors(kc):
+    with pytest.raises(ValueError, match="use_cuda_graphs"):
+        kc.compile(_relu_graph(kc), target_sms=[90], use_cuda_graphs=2)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        kc.compile(_relu_graph(kc), target_sms=[90], enabled_precisions=["fp8"])
+    with pytest.raises(TypeError, match="progress"):
+        kc.compile(_relu_graph(kc), target_sms=[90], progress=42)
+    with pytest.raises(kiln.CompileError, match="SM 60"):
+        kc.compile(_relu_graph(kc), target_sms=[60])
+
+
+def test_compile_releases_the_gil(kc):
+    """Two threads compile at once; each progress callback runs with the GIL
+    re-acquired (it appends to a Python list)."""
+    results, errors = [], []
+
+    def work():
+        try:
+            msgs = []
+            results.append((kc.compile(_relu_graph(kc), target_sms=[90], progress=msgs.append), msgs))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 2 and all(msgs for _, msgs in results)

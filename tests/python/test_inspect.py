@@ -1,0 +1,74 @@
+"""inspect_engine on the engines KilnBackend.preprocess produced."""
+
+import pytest
+import torch
+
+import kiln
+
+from _helpers import CumsumMLP, export, lowered_modules
+
+pytestmark = pytest.mark.needs_compiler
+
+
+def _engines(compiled):
+    return [
+        kiln._kiln_compiler.inspect_engine(m.processed_bytes)
+        for m in lowered_modules(compiled.edge_program_manager)
+    ]
+
+
+def test_engine_contents(compiled_mlp):
+    (info,) = _engines(compiled_mlp)
+    # One input (x [8, 64]), one output ([8, 16]), both float32.
+    inputs = [info["tensors"][i] for i in info["inputs"]]
+    outputs = [info["tensors"][i] for i in info["outputs"]]
+    assert [(t["dtype"], t["shape"], t["storage"]) for t in inputs] == [("float32", [8, 64], "input")]
+    assert [(t["dtype"], t["shape"], t["storage"]) for t in outputs] == [("float32", [8, 16], "output")]
+
+    gemms = [s for s in info["steps"] if s["kind"] == "gemm"]
+    assert [(g["m"], g["n"], g["k"]) for g in gemms] == [(8, 128, 64), (8, 128, 128), (8, 16, 128)]
+    assert all(g["b_transposed"] for g in gemms)  # nn.Linear weights used as stored
+
+    # GELU needs a generated kernel: cubins for both SMs plus PTX for the newest.
+    assert info["modules"], info["steps"]
+    for module in info["modules"]:
+        assert module["sms"] == [87, 90]
+        assert all(size > 0 for size in module["cubin_bytes"])
+        assert module["ptx_sm"] == 90
+        assert module["ptx_bytes"] > 0
+    kernels = [s for s in info["steps"] if s["kind"] == "kernel"]
+    assert kernels and all(k["block"][0] > 0 and k["function"] for k in kernels)
+
+    assert info["metadata"]["precision"] == "float32"
+    assert info["metadata"]["target_sms"] == "87,90"
+    assert "use_cuda_graphs" not in info["metadata"]  # no choice baked in
+    assert info["weights_bytes"] > 0 and info["arena_bytes"] >= 0
+
+
+def test_options_reach_the_engine():
+    compiled = kiln.compile(
+        export(CumsumMLP(), torch.randn(4, 64)),
+        target_sms=[90, 100],
+        use_cuda_graphs=False,
+    )
+    engines = _engines(compiled)
+    assert len(engines) == 2
+    for info in engines:
+        assert info["metadata"]["target_sms"] == "90,100"
+        assert info["metadata"]["use_cuda_graphs"] == "false"
+        for module in info["modules"]:
+            assert module["sms"] == [90, 100]
+            assert module["ptx_sm"] == 100
+
+
+def test_inspect_rejects_bad_bytes(compiled_mlp):
+    (lowered,) = lowered_modules(compiled_mlp.edge_program_manager)
+    blob = bytes(lowered.processed_bytes)
+    with pytest.raises(ValueError, match="not a valid Kiln engine"):
+        kiln._kiln_compiler.inspect_engine(b"not an engine at all")
+    with pytest.raises(ValueError, match="truncated"):
+        kiln._kiln_compiler.inspect_engine(blob[: len(blob) // 2])
+    flipped = bytearray(blob)
+    flipped[len(blob) // 2] ^= 0xFF
+    with pytest.raises(ValueError, match="not a valid Kiln engine"):
+        kiln._kiln_compiler.inspect_engine(bytes(flipped))

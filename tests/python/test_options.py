@@ -1,0 +1,109 @@
+"""Argument validation of kiln.compile / kiln.executorch.export / kiln.save.
+Validation happens before any lowering, so these need no compiler."""
+
+import pytest
+import torch
+
+import kiln
+from kiln._options import KilnOptions, validate_options
+
+from _helpers import MLP
+
+
+def test_not_an_exported_program():
+    with pytest.raises(TypeError, match=r"got .*MLP.*torch\.export\.export"):
+        kiln.compile(MLP())
+    with pytest.raises(TypeError, match="kiln.executorch.export: expected a torch.export.ExportedProgram"):
+        kiln.executorch.export("model.pt")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(enabled_precisions={torch.float64}), ValueError, "enabled_precisions: torch.float64"),
+        (dict(enabled_precisions={torch.int8}), ValueError, "enabled_precisions"),
+        (dict(enabled_precisions=set()), ValueError, "enabled_precisions: must name"),
+        (dict(enabled_precisions={"float8"}), ValueError, "enabled_precisions: 'float8'"),
+        (dict(enabled_precisions={1}), TypeError, "enabled_precisions"),
+        (dict(enabled_precisions=42), TypeError, "enabled_precisions"),
+        (dict(min_block_size=0), ValueError, "min_block_size: must be >= 1, got 0"),
+        (dict(min_block_size=2.0), TypeError, "min_block_size"),
+        (dict(min_block_size=True), TypeError, "min_block_size"),
+        (dict(target_sms=(69, 90)), ValueError, "target_sms: SM 69"),
+        (dict(target_sms=(60,)), ValueError, "target_sms: SM 60"),
+        (dict(target_sms=(8.7,)), TypeError, "target_sms: each SM must be an int"),
+        (dict(target_sms=("sm_90",)), TypeError, "target_sms"),
+        (dict(target_sms=(True,)), TypeError, "target_sms"),
+        (dict(target_sms="90"), TypeError, "target_sms"),
+        (dict(target_sms=()), ValueError, "target_sms: must name"),
+        (dict(target_sms=(900,)), ValueError, "target_sms"),
+        (dict(use_cuda_graphs=1), TypeError, "use_cuda_graphs"),
+        (dict(use_cuda_graphs="yes"), TypeError, "use_cuda_graphs"),
+    ],
+)
+def test_bad_options(mlp_program, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        kiln.compile(mlp_program, **kwargs)
+    with pytest.raises(error, match=message):
+        kiln.executorch.export(mlp_program, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "arg_inputs, error, message",
+    [
+        ([torch.randn(8, 64), torch.randn(8, 64)], ValueError, r"takes 1 input\(s\) \(x\), got 2"),
+        ((torch.randn(8, 64).half(),), ValueError, r"arg_inputs\[0\] \('x'\): dtype torch.float16"),
+        ((torch.randn(4, 64),), ValueError, r"arg_inputs\[0\] \('x'\): shape \[4, 64\]"),
+        ((3.0,), TypeError, r"arg_inputs\[0\] \('x'\): expected a torch.Tensor"),
+        (torch.randn(8, 64), TypeError, "arg_inputs: expected a tuple or list"),
+    ],
+)
+def test_bad_arg_inputs(mlp_program, arg_inputs, error, message):
+    with pytest.raises(error, match=message):
+        kiln.compile(mlp_program, arg_inputs=arg_inputs)
+
+
+def test_options_normalize_and_round_trip_through_compile_specs():
+    options = validate_options(
+        enabled_precisions=[torch.float16, "float32", torch.float16],
+        min_block_size=3,
+        target_sms=[90, 87, 90],
+        use_cuda_graphs=False,
+    )
+    assert options.enabled_precisions == ("float32", "float16")
+    assert options.target_sms == (87, 90)
+    assert options.use_cuda_graphs == 0
+    specs = {s.key: s.value for s in options.to_compile_specs()}
+    assert specs["enabled_precisions"] == b"float32,float16"
+    assert specs["target_sms"] == b"87,90"
+    assert specs["use_cuda_graphs"] == b"0"
+    assert specs["min_block_size"] == b"3"
+    assert KilnOptions.from_compile_specs(options.to_compile_specs()) == options
+
+
+def test_default_options():
+    options = validate_options()
+    assert options == KilnOptions()
+    assert {s.key: s.value for s in options.to_compile_specs()}["use_cuda_graphs"] == b"-1"
+
+
+def test_unknown_compile_spec_key():
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    with pytest.raises(ValueError, match="unknown compile spec key 'precision'"):
+        KilnOptions.from_compile_specs([CompileSpec("precision", b"fp16")])
+
+
+def test_save_rejects_non_compiled(tmp_path):
+    with pytest.raises(TypeError, match="kiln.CompiledProgram"):
+        kiln.save(object(), tmp_path / "x.pte")
+
+
+def test_public_api():
+    assert set(kiln.__all__) >= {
+        "compile", "save", "CompiledProgram", "KilnPartitioner", "CompileError",
+        "tensor_file", "executorch", "__version__",
+    }
+    assert issubclass(kiln.CompileError, RuntimeError)
+    assert callable(kiln.executorch.export)
+    assert isinstance(kiln.__version__, str)
