@@ -1,0 +1,117 @@
+// A loaded engine: everything about an EngineDesc that can be prepared once
+// per GPU and then shared, read-only, by every ExecutionContext that runs it.
+//
+// Engine::load picks the machine code for this GPU, loads the generated
+// kernels, uploads the weights once and plans every GEMM with cuBLASLt. After
+// load nothing in an Engine changes, so several contexts (one per delegate
+// handle, possibly on different threads) may use one Engine concurrently.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine_format/engine_desc.h"
+#include "runtime/device.h"
+
+namespace kiln::runtime {
+
+// Upper bound for the cuBLASLt workspace an algorithm may ask for.
+constexpr size_t kMaxGemmWorkspaceBytes = 32u << 20;
+
+// A kernel step resolved at load: the handle stays valid for the Engine's life.
+struct KernelPlan {
+  cudaKernel_t kernel = nullptr;
+  dim3 grid;
+  dim3 block;
+  uint32_t shared_bytes = 0;  // dynamic shared memory
+};
+
+// A GEMM step as cuBLASLt sees it. cuBLASLt is column-major, so the row-major
+// out[m, n] = a[m, k] @ B is computed as D_col[n, m] = op(b) * a_col: cuBLASLt's
+// A is GemmStep::b and its B is GemmStep::a. Descriptors are owned by the
+// Engine and destroyed with it.
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr;  // GemmStep::b
+  cublasLtMatrixLayout_t layout_b = nullptr;  // GemmStep::a
+  cublasLtMatrixLayout_t layout_d = nullptr;  // out, and c when present
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace_bytes = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // 0 unless the step has a c operand
+  // False when the bias is not a weight (its address differs per context):
+  // `op` then carries a placeholder with the same alignment and each context
+  // makes its own descriptor with create_matmul_desc().
+  bool op_has_bias = true;
+};
+
+class Engine {
+ public:
+  // Loads `desc` onto CUDA device `device`, which is left current on the
+  // calling thread. Fails with kIncompatible when a kernel module has no code
+  // this GPU can run, kUnavailable without a GPU, kOutOfMemory, kUnsupported
+  // for a GEMM cuBLASLt cannot do, kInternal for other CUDA failures.
+  // The weights and kernel images are released from the stored desc once they
+  // are on the GPU.
+  static Result<std::unique_ptr<Engine>> load(engine::EngineDesc desc, int device);
+
+  ~Engine();  // frees every GPU resource; errors are ignored
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The plan as loaded; `weights` and module images/PTX are empty here.
+  const engine::EngineDesc& desc() const { return desc_; }
+  const DeviceInfo& device_info() const { return device_; }
+  int device() const { return device_.ordinal; }
+
+  size_t num_inputs() const { return desc_.inputs.size(); }
+  size_t num_outputs() const { return desc_.outputs.size(); }
+  const engine::TensorDesc& input(size_t i) const { return desc_.tensors[desc_.inputs[i]]; }
+  const engine::TensorDesc& output(size_t i) const { return desc_.tensors[desc_.outputs[i]]; }
+
+  // Device base of the uploaded weights blob (nullptr when it is empty).
+  const void* weights() const { return weights_; }
+  size_t weights_bytes() const { return weights_bytes_; }
+  // The largest cuBLASLt workspace any planned GEMM needs.
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // nullptr when the engine has no GEMM step.
+  cublasLtHandle_t cublas() const { return cublas_; }
+
+  // Valid for kernel / GEMM steps respectively.
+  const KernelPlan& kernel_plan(size_t step) const { return kernels_[step]; }
+  const GemmPlan& gemm_plan(size_t step) const { return gemms_[step]; }
+
+  // A matmul descriptor equal to gemm_plan(step).op but with `bias` as its
+  // bias pointer. The caller owns it (cublasLtMatmulDescDestroy).
+  Result<cublasLtMatmulDesc_t> create_matmul_desc(size_t step, const void* bias) const;
+
+ private:
+  Engine() = default;
+  Status load_modules();
+  Status resolve_kernels();
+  Status upload_weights();
+  Status plan_gemms();
+  Status plan_gemm(size_t step);
+
+  engine::EngineDesc desc_;
+  DeviceInfo device_;
+  std::vector<cudaLibrary_t> libraries_;  // one per module
+  std::vector<KernelPlan> kernels_;       // per step
+  std::vector<GemmPlan> gemms_;           // per step
+  void* weights_ = nullptr;
+  size_t weights_bytes_ = 0;
+  size_t workspace_bytes_ = 0;
+  cublasLtHandle_t cublas_ = nullptr;
+};
+
+// "step 3 ('addmm+gelu')", for messages.
+std::string step_label(const engine::EngineDesc& desc, size_t step);
+
+}  // namespace kiln::runtime

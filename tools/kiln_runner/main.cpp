@@ -1,0 +1,469 @@
+// kiln_runner: loads a .pte with ExecuTorch's Module (Kiln delegate and CPU
+// kernels linked in), feeds it random or given inputs, times execute() and
+// checks the outputs against a reference. See README.md.
+//
+// Exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
+// 3 the model could not be loaded or run.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr_maker.h>
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "tensor_file.h"
+#include "tensor_math.h"
+
+namespace {
+
+namespace et = executorch::runtime;
+using executorch::aten::ScalarType;
+using executorch::extension::Module;
+using kiln::engine::DType;
+using kiln::tools::HostTensor;
+
+constexpr int kExitOk = 0;
+constexpr int kExitMismatch = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitLoad = 3;
+
+constexpr const char* kKilnBackendName = "KilnBackend";
+
+constexpr const char* kUsage = R"(usage: kiln_runner --model_path=PATH [flags]
+
+Loads an ExecuTorch .pte (with Kiln delegate blobs), runs one method on host
+tensors, prints its latency and checks its outputs.
+
+  --model_path=PATH     the .pte file (required)
+  --method=NAME         method to run (default: forward)
+  --inputs=FILE         .ktensors file with the method's inputs; without it,
+                        inputs are random: floats uniform in [-1, 1),
+                        integers in [0, 16), bools 0/1
+  --seed=N              seed for random inputs (default: from std::random_device)
+  --expected=FILE       .ktensors file with reference outputs to compare with
+  --save_outputs=FILE   write the outputs of the last run to a .ktensors file
+  --num_runs=N          timed runs (default: 20)
+  --warmup=N            untimed runs first (default: 3)
+  --rtol=X              pass when ||out - ref||_2 / ||ref||_2 <= X (default by
+                        dtype: 1e-5 float32, 1e-2 float16/bfloat16); integer
+                        and bool outputs must match exactly; NaN/Inf never pass
+  --help                show this text
+
+exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
+            3 the model could not be loaded or run
+)";
+
+struct Options {
+  std::string model_path;
+  std::string method = "forward";
+  std::string inputs;
+  std::string expected;
+  std::string save_outputs;
+  long num_runs = 20;
+  long warmup = 3;
+  double rtol = -1.0;  // < 0: by dtype
+  bool has_seed = false;
+  uint64_t seed = 0;
+  bool help = false;
+};
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "kiln_runner: %s\n\n%s", message.c_str(), kUsage);
+  return kExitUsage;
+}
+
+bool parse_long(const std::string& text, long min_value, long* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || value < min_value) return false;
+  *out = value;
+  return true;
+}
+
+// Returns an empty string on success, else the problem.
+std::string parse_flags(int argc, char** argv, Options* options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      options->help = true;
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos)
+      return "unrecognized argument '" + arg + "' (flags are --name=value)";
+    const std::string name = arg.substr(2, eq - 2);
+    const std::string value = arg.substr(eq + 1);
+    if (name == "model_path") {
+      options->model_path = value;
+    } else if (name == "method") {
+      options->method = value;
+    } else if (name == "inputs") {
+      options->inputs = value;
+    } else if (name == "expected") {
+      options->expected = value;
+    } else if (name == "save_outputs") {
+      options->save_outputs = value;
+    } else if (name == "num_runs") {
+      if (!parse_long(value, 1, &options->num_runs))
+        return "--num_runs must be an integer >= 1, got '" + value + "'";
+    } else if (name == "warmup") {
+      if (!parse_long(value, 0, &options->warmup))
+        return "--warmup must be an integer >= 0, got '" + value + "'";
+    } else if (name == "rtol") {
+      char* end = nullptr;
+      options->rtol = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(options->rtol >= 0.0))
+        return "--rtol must be a number >= 0, got '" + value + "'";
+    } else if (name == "seed") {
+      char* end = nullptr;
+      errno = 0;
+      options->seed = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno != 0)
+        return "--seed must be a non-negative integer, got '" + value + "'";
+      options->has_seed = true;
+    } else {
+      return "unknown flag --" + name;
+    }
+  }
+  return "";
+}
+
+bool to_dtype(ScalarType type, DType* out) {
+  switch (type) {
+    case ScalarType::Float: *out = DType::kFloat32; return true;
+    case ScalarType::Half: *out = DType::kFloat16; return true;
+    case ScalarType::BFloat16: *out = DType::kBFloat16; return true;
+    case ScalarType::Long: *out = DType::kInt64; return true;
+    case ScalarType::Int: *out = DType::kInt32; return true;
+    case ScalarType::Bool: *out = DType::kBool; return true;
+    default: return false;
+  }
+}
+
+ScalarType to_scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return ScalarType::Float;
+    case DType::kFloat16: return ScalarType::Half;
+    case DType::kBFloat16: return ScalarType::BFloat16;
+    case DType::kInt64: return ScalarType::Long;
+    case DType::kInt32: return ScalarType::Int;
+    case DType::kBool: return ScalarType::Bool;
+  }
+  return ScalarType::Float;
+}
+
+std::string error_name(et::Error error) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%s (0x%x)", et::to_string(error),
+                static_cast<unsigned>(error));
+  return text;
+}
+
+std::string tag_name(et::Tag tag) {
+  char text[32];
+  et::tag_to_string(tag, text, sizeof(text));
+  return text;
+}
+
+// Says plainly why a Kiln model cannot load here, when that is the reason.
+void explain_kiln_unavailable(const et::MethodMeta& meta) {
+  et::BackendInterface* kiln = et::get_backend_class(kKilnBackendName);
+  if (!meta.uses_backend(kKilnBackendName)) return;
+  if (kiln == nullptr)
+    std::fprintf(stderr,
+                 "kiln_runner: the model uses KilnBackend, which is not registered in this "
+                 "binary (libexecutorch_backend_kiln.so not linked or not loaded)\n");
+  else if (!kiln->is_available())
+    std::fprintf(stderr,
+                 "kiln_runner: this machine has no usable CUDA GPU: the Kiln backend reports "
+                 "itself unavailable, so the model's Kiln delegates cannot be initialized\n");
+}
+
+double percentile(const std::vector<double>& sorted, double p) {
+  const double position = p * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(position));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = position - static_cast<double>(lo);
+  return sorted[lo] * (1.0 - frac) + sorted[hi] * frac;
+}
+
+// Builds the method's inputs: from `given` (checked against the method) or
+// random. Returns kExitOk or kExitUsage after printing the problem.
+int prepare_inputs(const et::MethodMeta& meta, const Options& options,
+                   std::vector<HostTensor>* given, std::vector<HostTensor>* inputs) {
+  const size_t count = meta.num_inputs();
+  if (!options.inputs.empty() && given->size() != count) {
+    std::fprintf(stderr, "kiln_runner: %s has %zu tensors but method '%s' takes %zu inputs\n",
+                 options.inputs.c_str(), given->size(), options.method.c_str(), count);
+    return kExitUsage;
+  }
+  uint64_t seed = options.seed;
+  if (options.inputs.empty()) {
+    if (!options.has_seed) seed = std::random_device{}();
+    std::printf("random inputs, seed %" PRIu64 " (repeat with --seed=%" PRIu64 ")\n", seed, seed);
+  }
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  inputs->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    et::Result<et::Tag> tag = meta.input_tag(i);
+    if (!tag.ok() || *tag != et::Tag::Tensor) {
+      std::fprintf(stderr, "kiln_runner: input %zu of '%s' is %s, not a tensor; kiln_runner "
+                   "feeds tensors only\n", i, options.method.c_str(),
+                   tag.ok() ? tag_name(*tag).c_str() : "unknown");
+      return kExitUsage;
+    }
+    et::Result<et::TensorInfo> info = meta.input_tensor_meta(i);
+    if (!info.ok()) {
+      std::fprintf(stderr, "kiln_runner: cannot read input %zu's metadata: %s\n", i,
+                   error_name(info.error()).c_str());
+      return kExitUsage;
+    }
+    HostTensor want;
+    if (!to_dtype(info->scalar_type(), &want.dtype)) {
+      std::fprintf(stderr, "kiln_runner: input %zu has dtype %s, which kiln_runner does not "
+                   "handle\n", i, et::toString(info->scalar_type()));
+      return kExitUsage;
+    }
+    for (int32_t d : info->sizes()) want.shape.push_back(d);
+    if (options.inputs.empty()) {
+      kiln::tools::fill_random(&want, &rng);
+      (*inputs)[i] = std::move(want);
+      continue;
+    }
+    HostTensor& have = (*given)[i];
+    if (have.dtype != want.dtype || have.shape != want.shape) {
+      std::fprintf(stderr, "kiln_runner: %s: tensor %zu: method '%s' input %zu is %s, the file "
+                   "has %s\n", options.inputs.c_str(), i, options.method.c_str(), i,
+                   kiln::tools::describe_tensor(want.dtype, want.shape).c_str(),
+                   kiln::tools::describe_tensor(have.dtype, have.shape).c_str());
+      return kExitUsage;
+    }
+    (*inputs)[i] = std::move(have);
+  }
+  return kExitOk;
+}
+
+// Copies output `i` to host; false (after printing why) when it cannot.
+bool collect_output(size_t i, const et::EValue& value, HostTensor* out) {
+  if (!value.isTensor()) {
+    std::printf("output %zu: %s (not a tensor)\n", i, tag_name(value.tag).c_str());
+    return false;
+  }
+  const executorch::aten::Tensor& t = value.toTensor();
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  if (!to_dtype(t.scalar_type(), &out->dtype)) {
+    std::printf("output %zu: %s tensor, a dtype kiln_runner does not handle\n", i,
+                et::toString(t.scalar_type()));
+    return false;
+  }
+  if (t.device_type() != executorch::aten::DeviceType::CPU) {
+    std::printf("output %zu: %s in CUDA device memory; kiln_runner reads host outputs only\n",
+                i, kiln::tools::describe_tensor(out->dtype, shape).c_str());
+    return false;
+  }
+  out->shape = std::move(shape);
+  const auto* data = static_cast<const uint8_t*>(t.const_data_ptr());
+  out->data.assign(data, data + t.nbytes());
+  return true;
+}
+
+int run(const Options& options) {
+  if (std::FILE* f = std::fopen(options.model_path.c_str(), "rb")) {
+    std::fclose(f);
+  } else {
+    std::fprintf(stderr, "kiln_runner: cannot open model file '%s': %s\n",
+                 options.model_path.c_str(), std::strerror(errno));
+    return kExitUsage;
+  }
+  // Read the tensor files first: a bad file should not wait for model loading.
+  std::vector<HostTensor> given, expected;
+  for (const auto& [path, tensors] :
+       {std::make_pair(&options.inputs, &given), std::make_pair(&options.expected, &expected)}) {
+    if (path->empty()) continue;
+    kiln::Result<std::vector<HostTensor>> read = kiln::tools::read_tensor_file(*path);
+    if (!read.is_ok()) {
+      std::fprintf(stderr, "kiln_runner: %s\n", read.status().message().c_str());
+      return kExitUsage;
+    }
+    *tensors = std::move(read).value();
+  }
+
+  et::BackendInterface* kiln = et::get_backend_class(kKilnBackendName);
+  std::printf("KilnBackend: %s\n", kiln == nullptr ? "NOT registered"
+                                   : kiln->is_available() ? "registered, CUDA GPU available"
+                                                          : "registered, no usable CUDA GPU");
+
+  Module module(options.model_path, Module::LoadMode::Mmap);
+  et::Error error = module.load();
+  if (error != et::Error::Ok) {
+    std::fprintf(stderr, "kiln_runner: cannot load program '%s': %s\n",
+                 options.model_path.c_str(), error_name(error).c_str());
+    return kExitLoad;
+  }
+  auto names = module.method_names();
+  if (names.ok() && names->count(options.method) == 0) {
+    std::string list;
+    for (const auto& name : *names) list += (list.empty() ? "" : ", ") + name;
+    std::fprintf(stderr, "kiln_runner: the model has no method '%s' (it has: %s)\n",
+                 options.method.c_str(), list.c_str());
+    return kExitUsage;
+  }
+  et::Result<et::MethodMeta> meta = module.method_meta(options.method);
+  if (!meta.ok()) {
+    std::fprintf(stderr, "kiln_runner: cannot read method '%s': %s\n", options.method.c_str(),
+                 error_name(meta.error()).c_str());
+    return kExitLoad;
+  }
+  std::string backends;
+  for (size_t i = 0; i < meta->num_backends(); ++i) {
+    et::Result<const char*> name = meta->get_backend_name(i);
+    backends += (i == 0 ? "" : ", ") + std::string(name.ok() ? *name : "?");
+  }
+  std::printf("method '%s': %zu inputs, %zu outputs, delegates: %s\n", options.method.c_str(),
+              meta->num_inputs(), meta->num_outputs(), backends.empty() ? "none" : backends.c_str());
+
+  error = module.load_method(options.method);
+  if (error != et::Error::Ok) {
+    std::fprintf(stderr, "kiln_runner: cannot load method '%s': %s\n", options.method.c_str(),
+                 error_name(error).c_str());
+    explain_kiln_unavailable(*meta);
+    return kExitLoad;
+  }
+
+  std::vector<HostTensor> inputs;
+  if (int code = prepare_inputs(*meta, options, &given, &inputs); code != kExitOk) return code;
+  std::vector<executorch::extension::TensorPtr> input_tensors;
+  std::vector<et::EValue> input_values;
+  for (HostTensor& t : inputs) {
+    std::vector<executorch::aten::SizesType> sizes(t.shape.begin(), t.shape.end());
+    input_tensors.push_back(executorch::extension::from_blob(t.data.data(), std::move(sizes),
+                                                             to_scalar_type(t.dtype)));
+    input_values.emplace_back(*input_tensors.back());
+  }
+
+  // execute() returns when the outputs are in host memory (the Kiln delegate
+  // synchronizes), so wall time per call is the latency.
+  std::vector<double> latencies_ms;
+  std::vector<et::EValue> outputs;
+  const long total_runs = options.warmup + options.num_runs;
+  for (long r = 0; r < total_runs; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = module.execute(options.method, input_values);
+    const auto stop = std::chrono::steady_clock::now();
+    if (!result.ok()) {
+      std::fprintf(stderr, "kiln_runner: execute failed on run %ld: %s\n", r + 1,
+                   error_name(result.error()).c_str());
+      return kExitLoad;
+    }
+    if (r >= options.warmup)
+      latencies_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    outputs = std::move(*result);
+  }
+  std::vector<double> sorted = latencies_ms;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("latency over %zu runs: median %.3f ms, p10 %.3f ms, p90 %.3f ms, min %.3f ms, "
+              "max %.3f ms\n", sorted.size(), percentile(sorted, 0.5), percentile(sorted, 0.1),
+              percentile(sorted, 0.9), sorted.front(), sorted.back());
+
+  std::vector<HostTensor> host_outputs(outputs.size());
+  std::vector<bool> collected(outputs.size(), false);
+  bool all_collected = true;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    collected[i] = collect_output(i, outputs[i], &host_outputs[i]);
+    all_collected &= collected[i];
+  }
+
+  if (!options.save_outputs.empty()) {
+    if (!all_collected) {
+      std::fprintf(stderr, "kiln_runner: not writing %s: some outputs are not host tensors\n",
+                   options.save_outputs.c_str());
+      return kExitUsage;
+    }
+    kiln::Status status = kiln::tools::write_tensor_file(options.save_outputs, host_outputs);
+    if (!status.is_ok()) {
+      std::fprintf(stderr, "kiln_runner: %s\n", status.message().c_str());
+      return kExitUsage;
+    }
+    std::printf("outputs written to %s\n", options.save_outputs.c_str());
+  }
+
+  if (options.expected.empty()) {
+    for (size_t i = 0; i < host_outputs.size(); ++i) {
+      if (!collected[i]) continue;  // reported by collect_output
+      const HostTensor& t = host_outputs[i];
+      double sum = 0.0, abs_max = 0.0;
+      for (size_t e = 0; e < static_cast<size_t>(t.numel()); ++e) {
+        const double v = kiln::tools::element_as_double(t, e);
+        sum += v;
+        abs_max = std::max(abs_max, std::fabs(v));
+      }
+      std::printf("output %zu: %s mean=%.4g abs_max=%.4g (no --expected given)\n", i,
+                  kiln::tools::describe_tensor(t.dtype, t.shape).c_str(),
+                  t.numel() > 0 ? sum / static_cast<double>(t.numel()) : 0.0, abs_max);
+    }
+    return kExitOk;
+  }
+
+  bool pass = all_collected;
+  if (expected.size() != outputs.size()) {
+    std::printf("%s has %zu tensors but method '%s' returned %zu outputs: FAIL\n",
+                options.expected.c_str(), expected.size(), options.method.c_str(),
+                outputs.size());
+    pass = false;
+  }
+  for (size_t i = 0; i < std::min(expected.size(), host_outputs.size()); ++i) {
+    const HostTensor& out = host_outputs[i];
+    const HostTensor& ref = expected[i];
+    if (!collected[i]) continue;  // reported by collect_output; `pass` is already false
+    const std::string out_text = kiln::tools::describe_tensor(out.dtype, out.shape);
+    if (out.dtype != ref.dtype || out.shape != ref.shape) {
+      std::printf("output %zu: %s, expected %s FAIL\n", i, out_text.c_str(),
+                  kiln::tools::describe_tensor(ref.dtype, ref.shape).c_str());
+      pass = false;
+      continue;
+    }
+    const kiln::tools::Comparison c = kiln::tools::compare_tensors(out, ref);
+    const bool is_float = kiln::tools::default_rtol(out.dtype) > 0.0;
+    const double rtol = is_float && options.rtol >= 0.0 ? options.rtol
+                                                        : kiln::tools::default_rtol(out.dtype);
+    const bool ok = c.non_finite == 0 && c.rel_err <= rtol;
+    std::printf("output %zu: %s rel_err=%.2e max_abs_err=%.2e %s", i, out_text.c_str(),
+                c.rel_err, c.max_abs_err, ok ? "PASS" : "FAIL");
+    if (c.non_finite > 0) std::printf(" (%zu NaN/Inf values)", c.non_finite);
+    if (!ok && is_float) std::printf(" (rtol %.1e)", rtol);
+    if (!ok && !is_float) std::printf(" (%zu of %" PRId64 " elements differ)", c.mismatches,
+                                      out.numel());
+    std::printf("\n");
+    pass &= ok;
+  }
+  std::printf("%s\n", pass ? "PASS" : "FAIL");
+  return pass ? kExitOk : kExitMismatch;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  executorch::runtime::runtime_init();
+  Options options;
+  const std::string problem = parse_flags(argc, argv, &options);
+  if (!problem.empty()) return usage_error(problem);
+  if (options.help) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (options.model_path.empty()) return usage_error("--model_path is required");
+  return run(options);
+}
