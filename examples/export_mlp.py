@@ -2,12 +2,16 @@
 """Exports three small MLPs to Kiln .pte files, with inputs and PyTorch
 reference outputs for kiln_runner:
 
-  mlp_fp32         Linear/GELU/Linear/ReLU/Linear, fully delegated
-  mlp_fp16         the same in float16
-  mlp_cumsum_fp32  cumsum between two Linears: two delegates around a CPU op
+  mlp_fp32          Linear/GELU/Linear/ReLU/Linear, fully delegated
+  mlp_fp16          the same model in float16
+  mlp_fp32_in_fp16  the float32 model compiled with enabled_precisions={float16}
+                    (float32 inputs/outputs, float16 inside the engine)
+  mlp_cumsum_fp32   cumsum in the middle: two delegates around a CPU op
 
 For each NAME it writes DIR/NAME.pte, DIR/NAME.inputs.ktensors and
-DIR/NAME.expected.ktensors. Runs on a machine without a GPU.
+DIR/NAME.expected.ktensors, plus DIR/NAME.state_dict.pt and DIR/manifest.json
+so the GPU tests (tests/gpu/run_gpu_tests.py) can rebuild the same PyTorch
+module and compare on fresh inputs. Runs on a machine without a GPU.
 
     PYTHONPATH=python python examples/export_mlp.py --out /tmp/kiln-mlp [--batch 8]
 """
@@ -16,42 +20,18 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+sys.path.insert(0, str(HERE))
 import kiln  # noqa: E402
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(512, 1024)
-        self.fc2 = torch.nn.Linear(1024, 1024)
-        self.fc3 = torch.nn.Linear(1024, 32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.nn.functional.gelu(self.fc1(x))
-        x = torch.relu(self.fc2(x))
-        return self.fc3(x)
-
-
-class CumsumMLP(torch.nn.Module):
-    """cumsum is not supported by Kiln, so it stays on ExecuTorch's CPU
-    kernels and splits the model into two Kiln delegates."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(512, 256)
-        self.fc2 = torch.nn.Linear(256, 32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.fc1(x))
-        x = torch.cumsum(x, dim=-1)
-        return self.fc2(x)
+import sample_models  # noqa: E402
 
 
 def reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -65,14 +45,22 @@ def reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return exact.to(x.dtype)
 
 
-def export_one(out: Path, name: str, model: torch.nn.Module, x: torch.Tensor, precisions) -> None:
-    model.eval()
+def export_one(out: Path, name: str, factory: str, model_dtype: torch.dtype, x: torch.Tensor,
+               precisions, rtol: float, manifest: list) -> None:
+    model = sample_models.build(factory).to(model_dtype).eval()
     ep = torch.export.export(model, (x,))
     compiled = kiln.compile(ep, arg_inputs=(x,), enabled_precisions=precisions)
     pte = kiln.save(compiled, out / f"{name}.pte")
     expected = reference(model, x)
     kiln.tensor_file.save(out / f"{name}.inputs.ktensors", [x])
     kiln.tensor_file.save(out / f"{name}.expected.ktensors", [expected])
+    torch.save(model.state_dict(), out / f"{name}.state_dict.pt")
+    dtype_name = str(model_dtype).replace("torch.", "")
+    manifest.append({
+        "name": name, "pte": pte.name, "state_dict": f"{name}.state_dict.pt", "factory": factory,
+        "model_dtype": dtype_name, "inputs": [[list(x.shape), str(x.dtype).replace("torch.", "")]],
+        "rtol": rtol, "delegates": compiled.delegates,
+    })
     # (the partition summary line was already printed by the partitioner)
     print(f"{name}: delegates {compiled.delegates}; wrote {pte} ({pte.stat().st_size:,} bytes)")
 
@@ -91,15 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed: {seed}")
     torch.manual_seed(seed)
 
-    x32 = torch.randn(args.batch, 512)
-    export_one(args.out, "mlp_fp32", MLP(), x32, {torch.float32})
-
-    # Same input distribution, rounded to fp16 for the fp16 model.
-    x16 = torch.randn(args.batch, 512).half()
-    export_one(args.out, "mlp_fp16", MLP().half(), x16, {torch.float16})
-
-    xc = torch.randn(args.batch, 512)
-    export_one(args.out, "mlp_cumsum_fp32", CumsumMLP(), xc, {torch.float32})
+    manifest: list = []
+    f32, f16 = {torch.float32}, {torch.float16}
+    export_one(args.out, "mlp_fp32", "Mlp", torch.float32, torch.randn(args.batch, 512), f32, 1e-5, manifest)
+    export_one(args.out, "mlp_fp16", "Mlp", torch.float16, torch.randn(args.batch, 512).half(), f16, 1e-2,
+               manifest)
+    export_one(args.out, "mlp_fp32_in_fp16", "Mlp", torch.float32, torch.randn(args.batch, 512), f16, 1e-2,
+               manifest)
+    export_one(args.out, "mlp_cumsum_fp32", "MlpWithCpuOp", torch.float32, torch.randn(args.batch, 512), f32,
+               1e-5, manifest)
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return 0
 
 

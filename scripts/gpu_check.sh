@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (H200, no ExecuTorch wheel, no network): builds the
+# runtime, delegate and runner against the carried ExecuTorch C++ SDK, then
+# runs the GPU tests against PyTorch. Prepare the carried folder on the CPU
+# machine with scripts/prepare_gpu_bundle.sh; logs go to $OUT (or out/gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=${KILN_GPU_BUNDLE:-.gpu_carry}
+out=${OUT:-out/gpu}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+echo "commit: $(cat "$bundle/COMMIT" 2>/dev/null || git rev-parse --short HEAD)" | tee -a "$out/gpu.txt"
+
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$PWD/$bundle/executorch_sdk" -DKILN_BUILD_PYTHON=OFF \
+  >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
+echo "build ok"
+if [ -x build-gpu/tests/cpp/kiln_engine_format_tests ]; then
+  (cd build-gpu && ctest --output-on-failure -j8 2>&1 | tail -5)
+fi
+PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" \
+  --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@"

@@ -1,0 +1,134 @@
+"""GPU tests, run on the GPU machine by scripts/gpu_check.sh (torch there, no
+ExecuTorch Python package, no Kiln Python package).
+
+For each model in MODELS/manifest.json (written at export time by
+examples/export_mlp.py --gpu-bundle), it rebuilds the PyTorch module from
+examples/sample_models.py with the exported weights, draws FRESH random inputs
+on the GPU (seeded from os.urandom), computes PyTorch's output on the GPU, and
+runs the exported .pte through kiln_runner, which compares the outputs. It
+also checks that bad input gets a clear error: a corrupted engine, a wrong
+input shape. Prints a table; exits 1 if anything failed.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import sample_models  # noqa: E402
+
+
+def load_tensor_file_module():
+    # kiln/__init__ imports ExecuTorch, which this machine lacks; the tensor
+    # file module itself needs only numpy.
+    spec = importlib.util.spec_from_file_location("kiln_tensor_file", ROOT / "python/kiln/tensor_file.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tensor_file = load_tensor_file_module()
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def run(cmd, log):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log.write("$ " + " ".join(map(str, cmd)) + "\n" + proc.stdout + proc.stderr + f"[exit {proc.returncode}]\n\n")
+    return proc
+
+
+def median_ms(text):
+    m = re.search(r"median ([0-9.]+) ms", text)
+    return float(m.group(1)) if m else float("nan")
+
+
+def check_model(entry, models_dir, runner, work, log, trials):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = sample_models.build(entry["factory"], **entry.get("kwargs", {}))
+    model.load_state_dict(torch.load(models_dir / entry["state_dict"], map_location="cpu"))
+    dtype = DTYPES[entry["model_dtype"]]
+    model = model.to(dtype).cuda().eval()
+    results = []
+    for trial in range(trials):
+        seed = int.from_bytes(os.urandom(4), "little")
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        inputs = [torch.randn(shape, generator=gen, device="cuda", dtype=DTYPES[d]) for shape, d in entry["inputs"]]
+        with torch.no_grad():
+            expected = model(*inputs)
+        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+        inp = work / f"{entry['name']}.{trial}.inputs.ktensors"
+        exp = work / f"{entry['name']}.{trial}.expected.ktensors"
+        tensor_file.save(inp, [t.cpu() for t in inputs])
+        tensor_file.save(exp, [t.cpu() for t in expected])
+        proc = run([runner, f"--model_path={models_dir / entry['pte']}", f"--inputs={inp}", f"--expected={exp}", f"--rtol={entry['rtol']}",
+                    "--num_runs=100", "--warmup=10"], log)
+        errors = re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)
+        results.append({"seed": seed, "ok": proc.returncode == 0, "rel_err": errors, "median_ms": median_ms(proc.stdout)})
+    return results
+
+
+def check_bad_inputs(entry, models_dir, runner, work, log):
+    """A corrupted engine and a wrong-shaped input must fail with clear errors."""
+    out = []
+    data = bytearray((models_dir / entry["pte"]).read_bytes())
+    marker = data.find(b"KILNENG\0")
+    if marker >= 0:
+        data[marker + 4096 if marker + 4096 < len(data) else marker + 40] ^= 0x10
+        bad = work / "corrupt.pte"
+        bad.write_bytes(bytes(data))
+        proc = run([runner, f"--model_path={bad}", "--num_runs=1"], log)
+        text = proc.stdout + proc.stderr
+        out.append(("corrupt engine is refused", proc.returncode == 3 and "checksum" in text.lower(), text.strip().splitlines()[-1:] ))
+    shape, d = entry["inputs"][0]
+    wrong = [s + 1 for s in shape]
+    inp = work / "wrong_shape.inputs.ktensors"
+    tensor_file.save(inp, [torch.randn(wrong, dtype=DTYPES[d])])
+    proc = run([runner, f"--model_path={models_dir / entry['pte']}", f"--inputs={inp}", "--num_runs=1"], log)
+    text = proc.stdout + proc.stderr
+    out.append(("wrong input shape is refused", proc.returncode == 2 and str(wrong[0]) in text, text.strip().splitlines()[-1:]))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", type=Path, required=True)
+    parser.add_argument("--runner", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "work"
+    work.mkdir(exist_ok=True)
+    manifest = json.loads((args.models / "manifest.json").read_text())
+    failed = 0
+    summary = []
+    with open(args.out / "gpu_tests.log", "w") as log:
+        print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+        for entry in manifest:
+            results = check_model(entry, args.models, args.runner, work, log, args.trials)
+            for r in results:
+                failed += not r["ok"]
+                summary.append({"model": entry["name"], **r})
+                print(f"{'PASS' if r['ok'] else 'FAIL'}  {entry['name']:<22} seed={r['seed']:<11} "
+                      f"rel_err={','.join(r['rel_err'])}  kiln_runner median {r['median_ms']:.4f} ms")
+        for name, ok, detail in check_bad_inputs(manifest[0], args.models, args.runner, work, log):
+            failed += not ok
+            summary.append({"check": name, "ok": ok, "detail": detail})
+            print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    (args.out / "gpu_tests.json").write_text(json.dumps(summary, indent=1))
+    passed = sum(1 for s in summary if s["ok"])
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
