@@ -9,5 +9,5 @@ python=${PYTHON:-python3}
 ctest_bin=$($python -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "ctest"))')
 status=0
 "$ctest_bin" --test-dir build --output-on-failure -j2 || status=1
-$python -m pytest -ra || status=1
+KILN_REQUIRE_COMPILER=1 $python -m pytest -ra || status=1
 exit $status
