@@ -60,6 +60,28 @@ std::string broadcast_offset(const std::vector<int64_t>& in, const std::vector<i
   return first ? "0" : expr.str();
 }
 
+// Offset into a contiguous input read through `perm` (output dim j is input
+// dim perm[j]) for flat output index `i`.
+std::string permuted_offset(const std::vector<int64_t>& in, const std::vector<int64_t>& perm,
+                            const std::vector<int64_t>& out) {
+  if (perm.size() != in.size() || out.size() != in.size())
+    throw CompileError("permutation rank does not match " + ir::shape_to_string(in));
+  std::vector<int64_t> in_strides(in.size(), 1);
+  for (size_t d = in.size(); d-- > 1;) in_strides[d - 1] = in_strides[d] * in[d];
+  std::ostringstream expr;
+  int64_t out_stride = 1;
+  bool first = true;
+  for (size_t j = out.size(); j-- > 0;) {
+    if (out[j] != 1) {
+      if (!first) expr << " + ";
+      first = false;
+      expr << "((i / " << out_stride << "LL) % " << out[j] << "LL) * " << in_strides[static_cast<size_t>(perm[j])] << "LL";
+    }
+    out_stride *= out[j];
+  }
+  return first ? "0" : expr.str();
+}
+
 }  // namespace
 
 std::string pointwise_prelude() {
@@ -83,6 +105,15 @@ __device__ __forceinline__ float kiln_gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 __device__ __forceinline__ float kiln_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float kiln_silu(float x) { return x / (1.0f + expf(-x)); }
+// clamp, maximum and minimum propagate NaN, as PyTorch's do (fminf/fmaxf would drop it).
+__device__ __forceinline__ float kiln_clamp(float x, float lo, float hi) {
+  return x != x ? x : fminf(fmaxf(x, lo), hi);
+}
+__device__ __forceinline__ float kiln_maximum(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float kiln_minimum(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+__device__ __forceinline__ float kiln_hardsigmoid(float x) { return kiln_clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f; }
+__device__ __forceinline__ float kiln_hardswish(float x) { return x * kiln_hardsigmoid(x); }
 )";
 }
 
@@ -103,8 +134,9 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::Poin
   for (size_t j = 0; j < plan.inputs.size(); ++j) {
     const ir::Value& in = graph.value(plan.inputs[j]);
     std::string var = "x" + std::to_string(j);
-    src << "    const float " << var << " = "
-        << load_expr(in.dtype, "in" + std::to_string(j) + "[" + broadcast_offset(in.shape, out.shape) + "]")
+    std::string offset = plan.permutation.empty() ? broadcast_offset(in.shape, out.shape)
+                                                  : permuted_offset(in.shape, plan.permutation, out.shape);
+    src << "    const float " << var << " = " << load_expr(in.dtype, "in" + std::to_string(j) + "[" + offset + "]")
         << ";\n";
     name_of[plan.inputs[j]] = var;
   }

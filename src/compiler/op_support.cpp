@@ -51,6 +51,11 @@ std::optional<std::string> check_support(const OpQuery& q) {
   bool known = ops::is_gemm_op(q.op) || ops::find_pointwise_op(q.op) || ops::is_view_op(q.op) ||
                ops::is_constant_permute_op(q.op);
   if (!known) return q.op + " is not implemented by the Kiln compiler";
+  // Casting a constant (e.g. an integer scalar lifted by export) to a float
+  // dtype is folded at export.
+  bool constant_cast = q.op == "aten._to_copy.default" && q.inputs.size() == 1 && q.inputs[0].is_constant &&
+                       q.outputs.size() == 1 && is_float(q.outputs[0].dtype);
+  if (constant_cast) return std::nullopt;
   if (auto r = check_tensors(q)) return r;
   if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
   if (ops::is_gemm_op(q.op)) {
@@ -66,8 +71,6 @@ std::optional<std::string> check_support(const OpQuery& q) {
     return std::nullopt;
   }
   if (q.inputs.size() != 1) return q.op + " needs exactly one tensor input";
-  if (ops::is_constant_permute_op(q.op) && !q.inputs[0].is_constant)
-    return q.op + " on a non-constant tensor is not supported yet (only weights are transposed, at export)";
   if (ops::is_view_op(q.op) && q.inputs[0].dtype != q.outputs[0].dtype) return "view changes dtype";
   return std::nullopt;
 }

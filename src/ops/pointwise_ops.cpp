@@ -34,7 +34,11 @@ const std::vector<PointwiseOp>& pointwise_ops() {
       {"aten.sub.Scalar", 1},  {"aten.mul.Tensor", 2},  {"aten.mul.Scalar", 1},
       {"aten.div.Tensor", 2},  {"aten.div.Scalar", 1},  {"aten.neg.default", 1},
       {"aten.relu.default", 1}, {"aten.gelu.default", 1}, {"aten.sigmoid.default", 1},
-      {"aten.tanh.default", 1}, {"aten.exp.default", 1},
+      {"aten.tanh.default", 1}, {"aten.exp.default", 1}, {"aten.abs.default", 1},
+      {"aten.sqrt.default", 1}, {"aten.rsqrt.default", 1}, {"aten.log.default", 1},
+      {"aten.reciprocal.default", 1}, {"aten.clamp.default", 1}, {"aten.hardtanh.default", 1},
+      {"aten.hardswish.default", 1}, {"aten.hardsigmoid.default", 1}, {"aten.silu.default", 1},
+      {"aten.maximum.default", 2}, {"aten.minimum.default", 2},
       // Copies and casts: the store converts to the output dtype.
       {"aten._to_copy.default", 1}, {"aten.clone.default", 1}, {"kiln.cast", 1}, {"kiln.copy", 1},
       // Broadcasts its input to the output shape; the generated indexing does it.
@@ -65,9 +69,8 @@ std::string check_pointwise_attrs(const std::string& op, const std::map<std::str
       if (!s || (*s != "none" && *s != "tanh")) return "gelu approximate must be 'none' or 'tanh'";
     }
   }
-  scalar_attr(attrs, "alpha", 1.0, &ok);
-  scalar_attr(attrs, "other", 0.0, &ok);
-  if (!ok) return "alpha/other must be a number";
+  for (const char* key : {"alpha", "other", "min", "max", "min_val", "max_val"}) scalar_attr(attrs, key, 0.0, &ok);
+  if (!ok) return "alpha/other/min/max must be numbers";
   return "";
 }
 
@@ -100,6 +103,24 @@ std::string pointwise_expression(const ir::Node& node, const std::vector<std::st
   if (op == "aten.sigmoid.default") return "kiln_sigmoid(" + x[0] + ")";
   if (op == "aten.tanh.default") return "tanhf(" + x[0] + ")";
   if (op == "aten.exp.default") return "expf(" + x[0] + ")";
+  if (op == "aten.abs.default") return "fabsf(" + x[0] + ")";
+  if (op == "aten.sqrt.default") return "sqrtf(" + x[0] + ")";
+  if (op == "aten.rsqrt.default") return "(1.0f / sqrtf(" + x[0] + "))";
+  if (op == "aten.log.default") return "logf(" + x[0] + ")";
+  if (op == "aten.reciprocal.default") return "(1.0f / " + x[0] + ")";
+  if (op == "aten.maximum.default") return "kiln_maximum(" + x[0] + ", " + x[1] + ")";
+  if (op == "aten.minimum.default") return "kiln_minimum(" + x[0] + ", " + x[1] + ")";
+  if (op == "aten.hardswish.default") return "kiln_hardswish(" + x[0] + ")";
+  if (op == "aten.hardsigmoid.default") return "kiln_hardsigmoid(" + x[0] + ")";
+  if (op == "aten.silu.default") return "kiln_silu(" + x[0] + ")";
+  if (op == "aten.clamp.default" || op == "aten.hardtanh.default") {
+    bool hard = op == "aten.hardtanh.default";
+    const char* lo_key = hard ? "min_val" : "min";
+    const char* hi_key = hard ? "max_val" : "max";
+    std::string lo = node.has_attr(lo_key) || hard ? attr(lo_key, -1.0) : "-__int_as_float(0x7f800000)";
+    std::string hi = node.has_attr(hi_key) || hard ? attr(hi_key, 1.0) : "__int_as_float(0x7f800000)";
+    return "kiln_clamp(" + x[0] + ", " + lo + ", " + hi + ")";
+  }
   if (op == "aten._to_copy.default" || op == "aten.clone.default" || op == "kiln.cast" || op == "kiln.copy" ||
       op == "aten.expand_copy.default")
     return x[0];

@@ -16,4 +16,31 @@ bool is_constant_permute_op(const std::string& op) {
          op == "aten.t.default";
 }
 
+std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank) {
+  std::vector<int64_t> perm(rank);
+  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
+  auto norm = [&](int64_t d) {
+    int64_t r = static_cast<int64_t>(rank);
+    if (d < -r || d >= r)
+      throw CompileError("node '" + node.name + "': dimension " + std::to_string(d) + " out of range");
+    return d < 0 ? d + r : d;
+  };
+  if (node.op == "aten.permute_copy.default" || node.op == "aten.permute.default") {
+    std::vector<int64_t> dims = node.ints_attr("dims");
+    if (dims.size() != rank) throw CompileError("node '" + node.name + "': permute dims do not match the rank");
+    std::vector<bool> seen(rank, false);
+    for (size_t i = 0; i < rank; ++i) {
+      perm[i] = norm(dims[i]);
+      if (seen[static_cast<size_t>(perm[i])]) throw CompileError("node '" + node.name + "': permute repeats a dimension");
+      seen[static_cast<size_t>(perm[i])] = true;
+    }
+  } else if (node.op == "aten.t_copy.default" || node.op == "aten.t.default") {
+    if (rank == 2) std::swap(perm[0], perm[1]);
+  } else {  // transpose_copy.int
+    int64_t a = norm(node.int_attr("dim0", 0)), b = norm(node.int_attr("dim1", 1));
+    std::swap(perm[static_cast<size_t>(a)], perm[static_cast<size_t>(b)]);
+  }
+  return perm;
+}
+
 }  // namespace kiln::ops

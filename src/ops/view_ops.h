@@ -3,14 +3,22 @@
 // compiler folds at export time.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include "ir/graph.h"
 
 namespace kiln::ops {
 
 // Pure reinterpretations: the output aliases the input's storage.
 bool is_view_op(const std::string& op);
 
-// Dimension reorders the compiler supports on constants only (folded).
+// Dimension reorders: folded at export on constants, a gather kernel otherwise.
 bool is_constant_permute_op(const std::string& op);
+
+// For a permute/t/transpose node over a rank-`rank` input: output dim j is
+// input dim perm[j]. Throws CompileError on out-of-range dims.
+std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank);
 
 }  // namespace kiln::ops

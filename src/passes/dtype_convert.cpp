@@ -76,6 +76,9 @@ float load(const uint8_t* p, engine::DType d) {
     case engine::DType::kFloat32: { float f; std::memcpy(&f, p, 4); return f; }
     case engine::DType::kFloat16: { uint16_t h; std::memcpy(&h, p, 2); return half_to_float(h); }
     case engine::DType::kBFloat16: { uint16_t h; std::memcpy(&h, p, 2); return bfloat16_to_float(h); }
+    case engine::DType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<float>(v); }
+    case engine::DType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return static_cast<float>(v); }
+    case engine::DType::kBool: return *p ? 1.0f : 0.0f;
     default: throw CompileError(std::string("cannot convert constants of dtype ") + engine::dtype_name(d));
   }
 }

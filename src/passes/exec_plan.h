@@ -27,6 +27,9 @@ struct PointwisePlan {
   std::vector<int> nodes;
   std::vector<int> inputs;
   int out = -1;
+  // Set for a dimension reorder of inputs[0] (no nodes): output dim j reads
+  // input dim permutation[j].
+  std::vector<int64_t> permutation;
 };
 
 struct PlannedOp {

@@ -3,31 +3,11 @@
 #include <cstring>
 
 #include "ops/view_ops.h"
+#include "passes/dtype_convert.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
 namespace {
-
-std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank) {
-  std::vector<int64_t> perm(rank);
-  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
-  auto norm = [&](int64_t d) {
-    int64_t r = static_cast<int64_t>(rank);
-    if (d < -r || d >= r) throw CompileError("node '" + node.name + "': dimension " + std::to_string(d) + " out of range");
-    return d < 0 ? d + r : d;
-  };
-  if (node.op == "aten.permute_copy.default" || node.op == "aten.permute.default") {
-    std::vector<int64_t> dims = node.ints_attr("dims");
-    if (dims.size() != rank) throw CompileError("node '" + node.name + "': permute dims do not match the rank");
-    for (size_t i = 0; i < rank; ++i) perm[i] = norm(dims[i]);
-  } else if (node.op == "aten.t_copy.default" || node.op == "aten.t.default") {
-    if (rank == 2) std::swap(perm[0], perm[1]);
-  } else {  // transpose_copy.int
-    int64_t a = norm(node.int_attr("dim0", 0)), b = norm(node.int_attr("dim1", 1));
-    std::swap(perm[static_cast<size_t>(a)], perm[static_cast<size_t>(b)]);
-  }
-  return perm;
-}
 
 // out[i_0..i_r] = in[i_perm^-1...]: output dim j is input dim perm[j].
 std::vector<uint8_t> permute_data(const ir::Value& in, const std::vector<int64_t>& perm) {
@@ -57,6 +37,16 @@ std::vector<uint8_t> permute_data(const ir::Value& in, const std::vector<int64_t
 void fold_constants(ir::Graph& graph) {
   for (ir::Node& node : graph.nodes()) {
     if (node.inputs.size() != 1 || node.outputs.size() != 1) continue;
+    if (node.op == "aten._to_copy.default" && graph.value(node.inputs[0]).is_constant) {
+      // A cast of a constant (often an integer scalar lifted by export).
+      const ir::Value& in = graph.value(node.inputs[0]);
+      ir::Value& out = graph.value(node.outputs[0]);
+      out.data = convert_float_data(in.data, in.dtype, out.dtype);
+      out.is_constant = true;
+      out.producer = -1;
+      node.op = "kiln.folded";
+      continue;
+    }
     bool permute = ops::is_constant_permute_op(node.op);
     if (!permute && !ops::is_view_op(node.op)) continue;
     const ir::Value& in = graph.value(node.inputs[0]);
@@ -64,7 +54,7 @@ void fold_constants(ir::Graph& graph) {
     ir::Value& out = graph.value(node.outputs[0]);
     if (out.numel() != in.numel() || out.dtype != in.dtype)
       throw CompileError("node '" + node.name + "': output does not match its input's size or dtype");
-    out.data = permute ? permute_data(in, permutation_of(node, in.shape.size())) : in.data;
+    out.data = permute ? permute_data(in, ops::permutation_of(node, in.shape.size())) : in.data;
     out.is_constant = true;
     out.producer = -1;
     node.op = "kiln.folded";

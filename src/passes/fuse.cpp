@@ -149,6 +149,17 @@ ExecPlan fuse(ir::Graph& graph) {
       dead.push_back(false);
       continue;
     }
+    if (ops::is_constant_permute_op(node.op)) {  // of a non-constant: a gather kernel
+      PlannedOp op;
+      op.kind = PlannedOp::Kind::kPointwise;
+      op.label = short_name(node.op);
+      op.pointwise.inputs = {node.inputs[0]};
+      op.pointwise.out = out;
+      op.pointwise.permutation = ops::permutation_of(node, graph.value(node.inputs[0]).shape.size());
+      plan.ops.push_back(op);
+      dead.push_back(false);
+      continue;
+    }
     if (!ops::find_pointwise_op(node.op) && node.op != "kiln.copy")
       throw CompileError("node '" + node.name + "': " + node.op + " is not supported by the Kiln compiler");
 

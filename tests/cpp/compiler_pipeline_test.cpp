@@ -141,6 +141,25 @@ TEST_F(CompilerPipeline, SerializedEngineParsesBack) {
   EXPECT_EQ(*parsed.value().find_metadata("use_cuda_graphs"), "true");
 }
 
+TEST_F(CompilerPipeline, PermuteOfAnActivationBecomesAGatherKernel) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat32, {2, 3, 5});
+  int p = g.add_node("aten.permute_copy.default", "perm", {x}, {{"dims", std::vector<int64_t>{2, 0, 1}}},
+                     {{DType::kFloat32, {5, 2, 3}}});
+  int e = g.add_node("aten.hardswish.default", "hs", {g.nodes()[p].outputs[0]}, {}, {{DType::kFloat32, {5, 2, 3}}});
+  g.set_outputs({g.nodes()[e].outputs[0]});
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  ASSERT_EQ(d.steps.size(), 2u);
+  EXPECT_EQ(d.steps[0].label, "permute_copy");
+  EXPECT_EQ(d.steps[1].label, "hardswish");
+  // out[a][b][c] = in[b][c][a]: out dim 0 (size 5) is input dim 2 (stride 1),
+  // out dim 1 is input dim 0 (stride 15), out dim 2 is input dim 1 (stride 5).
+  const std::string& src = d.modules[0].source;
+  EXPECT_NE(src.find("((i / 6LL) % 5LL) * 1LL"), std::string::npos) << src;
+  EXPECT_NE(src.find("((i / 3LL) % 2LL) * 15LL"), std::string::npos) << src;
+  EXPECT_NE(src.find("((i / 1LL) % 3LL) * 5LL"), std::string::npos) << src;
+}
+
 TEST(CompilerSupport, TakesKnownOpsAndExplainsRefusals) {
   compiler::OpQuery addmm{"aten.addmm.default",
                           {{DType::kFloat32, {32}, true}, {DType::kFloat32, {8, 16}, false}, {DType::kFloat32, {16, 32}, true}},
@@ -156,9 +175,9 @@ TEST(CompilerSupport, TakesKnownOpsAndExplainsRefusals) {
 
   compiler::OpQuery permute{"aten.permute_copy.default", {{DType::kFloat32, {8, 32}, false}},
                             {{"dims", std::vector<int64_t>{1, 0}}}, {{DType::kFloat32, {32, 8}, false}}};
-  ASSERT_TRUE(compiler::check_support(permute).has_value());
+  EXPECT_FALSE(compiler::check_support(permute).has_value()) << "a gather kernel for activations";
   permute.inputs[0].is_constant = true;
-  EXPECT_FALSE(compiler::check_support(permute).has_value());
+  EXPECT_FALSE(compiler::check_support(permute).has_value()) << "folded at export for weights";
 
   compiler::OpQuery ints{"aten.add.Tensor", {{DType::kInt64, {4}, false}, {DType::kInt64, {4}, false}}, {},
                          {{DType::kInt64, {4}, false}}};

@@ -37,11 +37,15 @@ def test_check_support(kc):
     assert "aten.cumsum.default" in reason
     reason = kc.check_support("aten.relu.default", [("int64", [4], False)], {}, [("int64", [4])])
     assert "int64" in reason
-    # Transposes are folded into weights only.
+    # Transposes: a gather kernel for activations, folded at export for weights.
     args = ([("float32", [8, 4], False)], {"dims": [1, 0]}, [("float32", [4, 8])])
-    assert kc.check_support("aten.permute_copy.default", *args) is not None
+    assert kc.check_support("aten.permute_copy.default", *args) is None
     args[0][0] = ("float32", [8, 4], True)
     assert kc.check_support("aten.permute_copy.default", *args) is None
+    # Casting an integer constant to float is folded; casting an integer activation is refused.
+    assert kc.check_support("aten._to_copy.default", [("int64", [], True)], {"dtype": "float32"}, [("float32", [])]) is None
+    assert "int64" in kc.check_support("aten._to_copy.default", [("int64", [], False)], {"dtype": "float32"},
+                                       [("float32", [])])
 
 
 @pytest.mark.parametrize(
