@@ -2,37 +2,11 @@
 
 #include <sstream>
 
+#include "codegen/cuda_dtype.h"
 #include "ops/pointwise_ops.h"
 
 namespace kiln::codegen {
 namespace {
-
-const char* storage_type(engine::DType d) {
-  switch (d) {
-    case engine::DType::kFloat32: return "float";
-    case engine::DType::kFloat16:
-    case engine::DType::kBFloat16: return "unsigned short";
-    default: throw CompileError(std::string("elementwise kernels do not handle ") + engine::dtype_name(d));
-  }
-}
-
-std::string load_expr(engine::DType d, const std::string& ref) {
-  switch (d) {
-    case engine::DType::kFloat32: return ref;
-    case engine::DType::kFloat16: return "kiln_ld_f16(" + ref + ")";
-    case engine::DType::kBFloat16: return "kiln_ld_bf16(" + ref + ")";
-    default: throw CompileError("unsupported load dtype");
-  }
-}
-
-std::string store_expr(engine::DType d, const std::string& value) {
-  switch (d) {
-    case engine::DType::kFloat32: return value;
-    case engine::DType::kFloat16: return "kiln_st_f16(" + value + ")";
-    case engine::DType::kBFloat16: return "kiln_st_bf16(" + value + ")";
-    default: throw CompileError("unsupported store dtype");
-  }
-}
 
 // Offset into an input of shape `in` broadcast to `out` (right-aligned), for
 // flat output index `i`.
@@ -56,28 +30,6 @@ std::string broadcast_offset(const std::vector<int64_t>& in, const std::vector<i
     }
     in_stride *= in_dim;
     out_stride *= out[d];
-  }
-  return first ? "0" : expr.str();
-}
-
-// Offset into a contiguous input read through `perm` (output dim j is input
-// dim perm[j]) for flat output index `i`.
-std::string permuted_offset(const std::vector<int64_t>& in, const std::vector<int64_t>& perm,
-                            const std::vector<int64_t>& out) {
-  if (perm.size() != in.size() || out.size() != in.size())
-    throw CompileError("permutation rank does not match " + ir::shape_to_string(in));
-  std::vector<int64_t> in_strides(in.size(), 1);
-  for (size_t d = in.size(); d-- > 1;) in_strides[d - 1] = in_strides[d] * in[d];
-  std::ostringstream expr;
-  int64_t out_stride = 1;
-  bool first = true;
-  for (size_t j = out.size(); j-- > 0;) {
-    if (out[j] != 1) {
-      if (!first) expr << " + ";
-      first = false;
-      expr << "((i / " << out_stride << "LL) % " << out[j] << "LL) * " << in_strides[static_cast<size_t>(perm[j])] << "LL";
-    }
-    out_stride *= out[j];
   }
   return first ? "0" : expr.str();
 }
@@ -120,6 +72,8 @@ __device__ __forceinline__ float kiln_hardswish(float x) { return x * kiln_hards
 std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::PointwisePlan& plan,
                                       const std::string& name) {
   const ir::Value& out = graph.value(plan.out);
+  const std::vector<int64_t>& iter = plan.iter_shape.empty() ? out.shape : plan.iter_shape;
+  const bool layout = !plan.input_map.coef.empty() || !plan.output_map.coef.empty();
   std::ostringstream src;
   src << "extern \"C\" __global__ void __launch_bounds__(" << kPointwiseBlock << ") " << name << "(\n    "
       << storage_type(out.dtype) << "* __restrict__ out";
@@ -134,8 +88,7 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::Poin
   for (size_t j = 0; j < plan.inputs.size(); ++j) {
     const ir::Value& in = graph.value(plan.inputs[j]);
     std::string var = "x" + std::to_string(j);
-    std::string offset = plan.permutation.empty() ? broadcast_offset(in.shape, out.shape)
-                                                  : permuted_offset(in.shape, plan.permutation, out.shape);
+    std::string offset = layout ? affine_offset(plan.input_map, iter) : broadcast_offset(in.shape, out.shape);
     src << "    const float " << var << " = " << load_expr(in.dtype, "in" + std::to_string(j) + "[" + offset + "]")
         << ";\n";
     name_of[plan.inputs[j]] = var;
@@ -157,7 +110,8 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::Poin
     last = var;
   }
   if (last.empty()) last = name_of.at(plan.inputs.at(0));  // plain copy
-  src << "    out[i] = " << store_expr(out.dtype, last) << ";\n  }\n}\n";
+  std::string out_offset = layout && !plan.output_map.coef.empty() ? affine_offset(plan.output_map, iter) : "i";
+  src << "    out[" << out_offset << "] = " << store_expr(out.dtype, last) << ";\n  }\n}\n";
   return src.str();
 }
 

@@ -9,6 +9,7 @@
 
 #include "codegen/nvrtc_compiler.h"
 #include "codegen/pointwise_codegen.h"
+#include "codegen/reduce_codegen.h"
 #include "engine_format/engine_format.h"
 #include "passes/passes.h"
 
@@ -43,6 +44,22 @@ class Lowering {
         step.gemm.epilogue = g.epilogue;
         step.gemm.alpha = g.alpha;
         step.gemm.beta = g.beta;
+      } else if (op.kind == passes::PlannedOp::Kind::kReduce) {
+        step.kind = engine::StepKind::kKernel;
+        std::string function = "kiln_reduce_" + std::to_string(kernels++);
+        source += "\n" + codegen::generate_reduce_kernel(graph_, op.reduce, function);
+        engine::KernelStep& k = step.kernel;
+        k.function = function;
+        int64_t n_out = graph_.value(op.reduce.out).numel();
+        int64_t blocks = (n_out + codegen::kReduceOutputsPerBlock - 1) / codegen::kReduceOutputsPerBlock;
+        if (blocks > 0x7fffffff) throw CompileError("reduction '" + op.label + "' has too many outputs");
+        k.grid[0] = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
+        k.block[0] = codegen::kReduceBlock;
+        k.args = {tensor_arg(op.reduce.out), tensor_arg(op.reduce.input)};
+        engine::KernelArg count;
+        count.kind = engine::KernelArgKind::kInt64;
+        count.i64 = n_out;
+        k.args.push_back(count);
       } else {
         step.kind = engine::StepKind::kKernel;
         std::string function = "kiln_pw_" + std::to_string(kernels++);
@@ -50,7 +67,8 @@ class Lowering {
         engine::KernelStep& k = step.kernel;
         k.module = 0;
         k.function = function;
-        int64_t n = graph_.value(op.pointwise.out).numel();
+        int64_t n = op.pointwise.iter_shape.empty() ? graph_.value(op.pointwise.out).numel()
+                                                    : ir::numel_of(op.pointwise.iter_shape);
         int64_t blocks = std::max<int64_t>(1, (n + codegen::kPointwiseBlock - 1) / codegen::kPointwiseBlock);
         k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(blocks, 65536));
         k.block[0] = codegen::kPointwiseBlock;

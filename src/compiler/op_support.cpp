@@ -5,6 +5,8 @@
 
 #include "compiler/compiler.h"
 #include "ops/gemm_ops.h"
+#include "ops/layout_ops.h"
+#include "ops/reduce_ops.h"
 #include "ops/pointwise_ops.h"
 #include "ops/view_ops.h"
 
@@ -41,7 +43,10 @@ std::vector<std::string> supported_ops() {
     if (std::string(p.name).rfind("aten.", 0) == 0) names.push_back(p.name);
   for (const char* v : {"aten.view_copy.default", "aten._unsafe_view.default", "aten.squeeze_copy.dims",
                         "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default", "aten.alias_copy.default",
-                        "aten.permute_copy.default", "aten.t_copy.default", "aten.transpose_copy.int"})
+                        "aten.permute_copy.default", "aten.t_copy.default", "aten.transpose_copy.int",
+                        "aten.slice_copy.Tensor", "aten.select_copy.int", "aten.cat.default",
+                        "aten.split_with_sizes_copy.default", "aten.split_copy.Tensor", "aten.sum.dim_IntList",
+                        "aten.mean.dim", "aten.amax.default"})
     names.push_back(v);
   std::sort(names.begin(), names.end());
   return names;
@@ -49,7 +54,7 @@ std::vector<std::string> supported_ops() {
 
 std::optional<std::string> check_support(const OpQuery& q) {
   bool known = ops::is_gemm_op(q.op) || ops::find_pointwise_op(q.op) || ops::is_view_op(q.op) ||
-               ops::is_constant_permute_op(q.op);
+               ops::is_layout_op(q.op) || ops::is_reduce_op(q.op);
   if (!known) return q.op + " is not implemented by the Kiln compiler";
   // Casting a constant (e.g. an integer scalar lifted by export) to a float
   // dtype is folded at export.
@@ -57,7 +62,17 @@ std::optional<std::string> check_support(const OpQuery& q) {
                        q.outputs.size() == 1 && is_float(q.outputs[0].dtype);
   if (constant_cast) return std::nullopt;
   if (auto r = check_tensors(q)) return r;
+  if (ops::is_layout_op(q.op)) {
+    std::string why = ops::check_layout(q);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
   if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
+  if (ops::is_reduce_op(q.op)) {
+    std::string why = ops::check_reduce(q);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
   if (ops::is_gemm_op(q.op)) {
     std::string why = ops::check_gemm(q);
     if (!why.empty()) return why;
@@ -70,7 +85,7 @@ std::optional<std::string> check_support(const OpQuery& q) {
     if (!why.empty()) return why;
     return std::nullopt;
   }
-  if (q.inputs.size() != 1) return q.op + " needs exactly one tensor input";
+  if (q.inputs.size() != 1) return q.op + " needs exactly one tensor input";  // views
   if (ops::is_view_op(q.op) && q.inputs[0].dtype != q.outputs[0].dtype) return "view changes dtype";
   return std::nullopt;
 }

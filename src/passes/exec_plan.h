@@ -20,6 +20,14 @@ struct GemmPlan {
   int64_t m = 0, n = 0, k = 0;
 };
 
+// Where element `idx` of an iteration space lives in a contiguous tensor:
+// offset = base + sum_j idx_j * coef[j]. Permutes, slices, selects, and the
+// pieces of cat and split are all such maps.
+struct AffineMap {
+  int64_t base = 0;
+  std::vector<int64_t> coef;  // one per iteration dimension
+};
+
 // One generated kernel: `nodes` (elementwise, topological order) computed per
 // output element; `inputs` are the values read from memory (broadcast to the
 // output's shape). No nodes means a plain copy of inputs[0] into `out`.
@@ -27,19 +35,34 @@ struct PointwisePlan {
   std::vector<int> nodes;
   std::vector<int> inputs;
   int out = -1;
-  // Set for a dimension reorder of inputs[0] (no nodes): output dim j reads
-  // input dim permutation[j].
-  std::vector<int64_t> permutation;
+  // Layout kernels (no nodes, one input): iterate over `iter_shape` (empty:
+  // the output's shape), read inputs[0] through `input_map` and write `out`
+  // through `output_map`; an empty coef means contiguous over the iteration.
+  std::vector<int64_t> iter_shape;
+  AffineMap input_map;
+  AffineMap output_map;
+};
+
+// A reduction over `dims` of `input` (sum, mean or amax), one warp per output
+// element, accumulating in float.
+struct ReducePlan {
+  enum class Kind { kSum, kMean, kMax } kind = Kind::kSum;
+  int input = -1;
+  int out = -1;
+  std::vector<int64_t> dims;  // normalized, ascending
 };
 
 struct PlannedOp {
-  enum class Kind { kGemm, kPointwise } kind = Kind::kPointwise;
+  enum class Kind { kGemm, kPointwise, kReduce } kind = Kind::kPointwise;
   std::string label;  // the op group, e.g. "addmm+relu" or "add+gelu"
   GemmPlan gemm;
   PointwisePlan pointwise;
+  ReducePlan reduce;
 
   std::vector<int> reads() const;  // value ids read
-  int writes() const { return kind == Kind::kGemm ? gemm.out : pointwise.out; }
+  int writes() const {
+    return kind == Kind::kGemm ? gemm.out : kind == Kind::kReduce ? reduce.out : pointwise.out;
+  }
 };
 
 struct ExecPlan {

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "ops/gemm_ops.h"
+#include "ops/layout_ops.h"
+#include "ops/reduce_ops.h"
 #include "ops/pointwise_ops.h"
 #include "ops/view_ops.h"
 #include "passes/passes.h"
@@ -38,6 +40,7 @@ int transposed_constant(ir::Graph& graph, int id) {
 
 std::vector<int> PlannedOp::reads() const {
   if (kind == Kind::kPointwise) return pointwise.inputs;
+  if (kind == Kind::kReduce) return {reduce.input};
   std::vector<int> r = {gemm.a, gemm.b};
   if (gemm.bias >= 0) r.push_back(gemm.bias);
   if (gemm.c >= 0) r.push_back(gemm.c);
@@ -68,7 +71,8 @@ ExecPlan fuse(ir::Graph& graph) {
     if (absorbed[n]) continue;
     const ir::Node node = graph.nodes()[n];  // copy: the graph may grow below
     if (node.op == "kiln.folded") continue;
-    const int out = node.outputs.at(0);
+    if (node.outputs.empty()) throw CompileError("node '" + node.name + "' has no outputs");
+    const int out = node.outputs[0];
     if (ops::is_view_op(node.op)) {
       plan.alias_of[out] = plan.storage_of(node.inputs[0]);
       continue;
@@ -149,14 +153,23 @@ ExecPlan fuse(ir::Graph& graph) {
       dead.push_back(false);
       continue;
     }
-    if (ops::is_constant_permute_op(node.op)) {  // of a non-constant: a gather kernel
+    if (ops::is_layout_op(node.op)) {  // permute/slice/select/cat/split: layout kernels
+      for (passes::PointwisePlan& piece : ops::plan_layout(graph, node)) {
+        PlannedOp op;
+        op.kind = PlannedOp::Kind::kPointwise;
+        op.label = short_name(node.op);
+        op.pointwise = std::move(piece);
+        plan.ops.push_back(std::move(op));
+        dead.push_back(false);
+      }
+      continue;
+    }
+    if (ops::is_reduce_op(node.op)) {
       PlannedOp op;
-      op.kind = PlannedOp::Kind::kPointwise;
+      op.kind = PlannedOp::Kind::kReduce;
       op.label = short_name(node.op);
-      op.pointwise.inputs = {node.inputs[0]};
-      op.pointwise.out = out;
-      op.pointwise.permutation = ops::permutation_of(node, graph.value(node.inputs[0]).shape.size());
-      plan.ops.push_back(op);
+      op.reduce = ops::plan_reduce(graph, node);
+      plan.ops.push_back(std::move(op));
       dead.push_back(false);
       continue;
     }

@@ -160,6 +160,45 @@ TEST_F(CompilerPipeline, PermuteOfAnActivationBecomesAGatherKernel) {
   EXPECT_NE(src.find("((i / 1LL) % 3LL) * 5LL"), std::string::npos) << src;
 }
 
+TEST_F(CompilerPipeline, CatAndSplitBecomeOneLayoutKernelPerPiece) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat32, {4, 3});
+  int y = g.add_input("y", DType::kFloat32, {4, 5});
+  int cat = g.add_node("aten.cat.default", "cat", {x, y}, {{"dim", int64_t{1}}, {"tensors_count", int64_t{2}}},
+                       {{DType::kFloat32, {4, 8}}});
+  int split = g.add_node("aten.split_with_sizes_copy.default", "split", {g.nodes()[cat].outputs[0]},
+                         {{"split_sizes", std::vector<int64_t>{6, 2}}, {"dim", int64_t{1}}},
+                         {{DType::kFloat32, {4, 6}}, {DType::kFloat32, {4, 2}}});
+  g.set_outputs(g.nodes()[split].outputs);
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  ASSERT_EQ(d.steps.size(), 4u);
+  EXPECT_EQ(d.steps[0].label, "cat");
+  EXPECT_EQ(d.steps[2].label, "split_with_sizes_copy");
+  const std::string& src = d.modules[0].source;
+  // y lands at column 3 of the [4, 8] result: base 3, row stride 8.
+  EXPECT_NE(src.find("out[3LL + ((i / 1LL) % 5LL) * 1LL + ((i / 5LL) % 4LL) * 8LL]"), std::string::npos) << src;
+  // The second split piece starts at column 6.
+  EXPECT_NE(src.find("in0[6LL + ((i / 1LL) % 2LL) * 1LL + ((i / 2LL) % 4LL) * 8LL]"), std::string::npos) << src;
+  EXPECT_EQ(d.arena_bytes, 256u) << "the [4, 8] cat result lives in the arena (one 256-byte slot)";
+}
+
+TEST_F(CompilerPipeline, ReductionsGenerateWarpKernels) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat16, {2, 3, 5, 7});
+  int mean = g.add_node("aten.mean.dim", "pool", {x}, {{"dim", std::vector<int64_t>{-1, 2}}, {"keepdim", true}},
+                        {{DType::kFloat16, {2, 3, 1, 1}}});
+  int amax = g.add_node("aten.amax.default", "mx", {x}, {{"dim", std::vector<int64_t>{1}}}, {{DType::kFloat16, {2, 5, 7}}});
+  g.set_outputs({g.nodes()[mean].outputs[0], g.nodes()[amax].outputs[0]});
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  ASSERT_EQ(d.steps.size(), 2u);
+  EXPECT_EQ(d.steps[0].kernel.grid[0], 1u) << "6 outputs fit one block of 8 warps";
+  EXPECT_EQ(d.steps[1].kernel.grid[0], 9u) << "70 outputs, 8 per block";
+  const std::string& src = d.modules[0].source;
+  EXPECT_NE(src.find("acc / 35.0f"), std::string::npos) << src;
+  EXPECT_NE(src.find("kiln_maximum(acc, v)"), std::string::npos) << src;
+  EXPECT_NE(src.find("r < 3LL"), std::string::npos) << "amax walks the 3 channels";
+}
+
 TEST(CompilerSupport, TakesKnownOpsAndExplainsRefusals) {
   compiler::OpQuery addmm{"aten.addmm.default",
                           {{DType::kFloat32, {32}, true}, {DType::kFloat32, {8, 16}, false}, {DType::kFloat32, {16, 32}, true}},

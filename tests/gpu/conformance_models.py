@@ -27,6 +27,16 @@ class ElementwiseOps(nn.Module):
             torch.log(positive), torch.reciprocal(positive), torch.maximum(x, y), torch.minimum(x, y),
             torch.sigmoid(x + y) * torch.tanh(x - y) + F.gelu(x * y),  # one fused chain
             x.t(), x.reshape(4, -1, 8).permute(2, 0, 1),                # gathers
+        ) + self.layout_and_reductions(x, y)
+
+    def layout_and_reductions(self, x, y):
+        a, b = torch.split(x, [24, 40], dim=1)
+        images = x.reshape(2, 4, 8, 8)
+        return (
+            x[:, 3:17:2], x[2], x[:, -1], torch.cat([x, y * 2.0], dim=0), torch.cat([y, x], dim=1), a, b,
+            x.narrow(1, 5, 10), x.unsqueeze(0).expand(3, 8, 64),
+            x.mean(dim=[1], keepdim=True), x.sum(dim=-1), torch.amax(x, dim=0),
+            images.mean(dim=[2, 3]), images.sum(dim=[1, 3], keepdim=True), torch.amax(images, dim=[0, 2]),
         )
 
 

@@ -1,0 +1,58 @@
+#include "codegen/cuda_dtype.h"
+
+#include <sstream>
+
+#include "ir/graph.h"
+
+namespace kiln::codegen {
+
+const char* storage_type(engine::DType d) {
+  switch (d) {
+    case engine::DType::kFloat32: return "float";
+    case engine::DType::kFloat16:
+    case engine::DType::kBFloat16: return "unsigned short";
+    default: throw CompileError(std::string("elementwise kernels do not handle ") + engine::dtype_name(d));
+  }
+}
+
+std::string load_expr(engine::DType d, const std::string& ref) {
+  switch (d) {
+    case engine::DType::kFloat32: return ref;
+    case engine::DType::kFloat16: return "kiln_ld_f16(" + ref + ")";
+    case engine::DType::kBFloat16: return "kiln_ld_bf16(" + ref + ")";
+    default: throw CompileError("unsupported load dtype");
+  }
+}
+
+std::string store_expr(engine::DType d, const std::string& value) {
+  switch (d) {
+    case engine::DType::kFloat32: return value;
+    case engine::DType::kFloat16: return "kiln_st_f16(" + value + ")";
+    case engine::DType::kBFloat16: return "kiln_st_bf16(" + value + ")";
+    default: throw CompileError("unsupported store dtype");
+  }
+}
+
+std::string affine_offset(const passes::AffineMap& map, const std::vector<int64_t>& shape) {
+  if (map.coef.size() != shape.size())
+    throw CompileError("internal: affine map of rank " + std::to_string(map.coef.size()) + " over shape " +
+                       ir::shape_to_string(shape));
+  std::ostringstream expr;
+  bool first = true;
+  if (map.base != 0) {
+    expr << map.base << "LL";
+    first = false;
+  }
+  int64_t stride = 1;
+  for (size_t j = shape.size(); j-- > 0;) {
+    if (shape[j] != 1 && map.coef[j] != 0) {
+      if (!first) expr << " + ";
+      first = false;
+      expr << "((i / " << stride << "LL) % " << shape[j] << "LL) * " << map.coef[j] << "LL";
+    }
+    stride *= shape[j];
+  }
+  return first ? "0" : expr.str();
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,76 @@
+#include "codegen/reduce_codegen.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "codegen/cuda_dtype.h"
+
+namespace kiln::codegen {
+namespace {
+
+// Offset of element `var` of the row-major `shape` in a tensor where those
+// dims have `strides`.
+std::string offset_expr(const std::string& var, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& strides) {
+  std::ostringstream expr;
+  bool first = true;
+  int64_t step = 1;
+  for (size_t j = shape.size(); j-- > 0;) {
+    if (shape[j] != 1) {
+      if (!first) expr << " + ";
+      first = false;
+      expr << "((" << var << " / " << step << "LL) % " << shape[j] << "LL) * " << strides[j] << "LL";
+    }
+    step *= shape[j];
+  }
+  return first ? "0" : expr.str();
+}
+
+}  // namespace
+
+std::string generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name) {
+  const ir::Value& in = graph.value(plan.input);
+  const ir::Value& out = graph.value(plan.out);
+  std::vector<int64_t> in_strides(in.shape.size(), 1);
+  for (size_t d = in.shape.size(); d-- > 1;) in_strides[d - 1] = in_strides[d] * in.shape[d];
+  // Split the input's dims into kept (indexed by the output element) and
+  // reduced (walked by the lanes).
+  std::vector<int64_t> kept_shape, kept_strides, red_shape, red_strides;
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    bool reduced = std::find(plan.dims.begin(), plan.dims.end(), static_cast<int64_t>(d)) != plan.dims.end();
+    (reduced ? red_shape : kept_shape).push_back(in.shape[d]);
+    (reduced ? red_strides : kept_strides).push_back(in_strides[d]);
+  }
+  int64_t reduced = ir::numel_of(red_shape);
+
+  std::string init = "0.0f", combine = "acc + v", finish = "acc";
+  if (plan.kind == passes::ReducePlan::Kind::kMax) {
+    init = "-__int_as_float(0x7f800000)";
+    combine = "kiln_maximum(acc, v)";
+  } else if (plan.kind == passes::ReducePlan::Kind::kMean) {
+    finish = "acc / " + std::to_string(reduced) + ".0f";
+  }
+  std::ostringstream src;
+  src << "extern \"C\" __global__ void __launch_bounds__(" << kReduceBlock << ") " << name << "(\n    "
+      << storage_type(out.dtype) << "* __restrict__ out, const " << storage_type(in.dtype)
+      << "* __restrict__ in, long long n_out) {\n"
+      << "  const long long o = (long long)blockIdx.x * " << kReduceOutputsPerBlock << " + (threadIdx.x >> 5);\n"
+      << "  const int lane = threadIdx.x & 31;\n"
+      << "  if (o >= n_out) return;  // whole warps leave together\n"
+      << "  const long long base = " << offset_expr("o", kept_shape, kept_strides) << ";\n"
+      << "  float acc = " << init << ";\n"
+      << "  for (long long r = lane; r < " << reduced << "LL; r += 32) {\n"
+      << "    const float v = " << load_expr(in.dtype, "in[base + " + offset_expr("r", red_shape, red_strides) + "]")
+      << ";\n"
+      << "    acc = " << combine << ";\n"
+      << "  }\n"
+      << "  for (int s = 16; s > 0; s >>= 1) {\n"
+      << "    const float v = __shfl_xor_sync(0xffffffffu, acc, s);\n"
+      << "    acc = " << combine << ";\n"
+      << "  }\n"
+      << "  if (lane == 0) out[o] = " << store_expr(out.dtype, finish) << ";\n"
+      << "}\n";
+  return src.str();
+}
+
+}  // namespace kiln::codegen
