@@ -7,10 +7,14 @@ reference outputs for kiln_runner:
   mlp_fp32_in_fp16  the float32 model compiled with enabled_precisions={float16}
                     (float32 inputs/outputs, float16 inside the engine)
   mlp_cumsum_fp32   cumsum in the middle: two delegates around a CPU op
+  chain8_fp32       Linear/GELU/Linear and cumsum, 8 times: 8+ engines
+                    (batch 2048, so each engine's arena is big enough to see
+                    what the shared activation scratch saves)
 
 For each NAME it writes DIR/NAME.pte, DIR/NAME.inputs.ktensors and
 DIR/NAME.expected.ktensors, plus DIR/NAME.state_dict.pt and DIR/manifest.json
-so the GPU tests (tests/gpu/run_gpu_tests.py) can rebuild the same PyTorch
+(chain8_fp32: DIR/manifest_runtime.json) so the GPU tests
+(tests/gpu/run_gpu_tests.py) can rebuild the same PyTorch
 module and compare on fresh inputs. Runs on a machine without a GPU.
 
     PYTHONPATH=python python examples/export_mlp.py --out /tmp/kiln-mlp [--batch 8]
@@ -89,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     export_one(args.out, "mlp_cumsum_fp32", "MlpWithCpuOp", torch.float32, torch.randn(args.batch, 512), f32,
                1e-5, manifest)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    # The runtime-feature models get a manifest of their own
+    # (tests/gpu/runtime_features_test.py; run_gpu_tests.py reads manifest*.json).
+    runtime_manifest: list = []
+    export_one(args.out, "chain8_fp32", "LinearCumsumChain", torch.float32, torch.randn(2048, 256),
+               f32, 1e-4, runtime_manifest)
+    (args.out / "manifest_runtime.json").write_text(json.dumps(runtime_manifest, indent=1))
     return 0
 
 

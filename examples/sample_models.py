@@ -35,7 +35,26 @@ class MlpWithCpuOp(nn.Module):
         return torch.relu(self.fc2(x))
 
 
-FACTORIES = {"Mlp": Mlp, "MlpWithCpuOp": MlpWithCpuOp}
+class LinearCumsumChain(nn.Module):
+    """Linear -> GELU -> Linear blocks alternating with torch.cumsum (which Kiln
+    leaves to the CPU), `depth` times: the program splits into `depth`+ Kiln
+    engines, each with an activation arena (the GELU output), so it shows what
+    one arena per engine costs vs the shared activation scratch. Small
+    features keep the .pte light enough to carry to the GPU machine."""
+
+    def __init__(self, features=256, depth=8):
+        super().__init__()
+        self.up = nn.ModuleList(nn.Linear(features, features) for _ in range(depth))
+        self.down = nn.ModuleList(nn.Linear(features, features) for _ in range(depth))
+
+    def forward(self, x):
+        for up, down in zip(self.up, self.down):
+            x = down(torch.nn.functional.gelu(up(x)))
+            x = torch.cumsum(x, dim=-1) * (1.0 / x.shape[-1])
+        return x
+
+
+FACTORIES = {"Mlp": Mlp, "MlpWithCpuOp": MlpWithCpuOp, "LinearCumsumChain": LinearCumsumChain}
 
 
 def build(factory, **kwargs):

@@ -20,4 +20,14 @@ if [ -x build-gpu/tests/cpp/kiln_engine_format_tests ]; then
   (cd build-gpu && ctest --output-on-failure -j8 2>&1 | tail -5)
 fi
 PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" \
-  --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@"
+  --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@" || gpu_tests_failed=1
+
+# Runtime features (graph replay, caller streams, shared engines and scratch).
+if [ -x build-gpu/tests/cpp/kiln_runtime_features_test ]; then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/runtime_features_test.py --models "$bundle/models" \
+    --binary build-gpu/tests/cpp/kiln_runtime_features_test --out "$out" || features_failed=1
+  # One model through the runner with graphs on: copy counters printed.
+  build-gpu/tools/kiln_runner/kiln_runner --model_path="$bundle/models/mlp_fp32.pte" \
+    --use_cuda_graphs=true --num_runs=200 2>&1 | grep -E "latency|counters|Error" || true
+fi
+[ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ]

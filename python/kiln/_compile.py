@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+from executorch.exir import (
+    EdgeCompileConfig,
+    EdgeProgramManager,
+    ExecutorchBackendConfig,
+    to_edge_transform_and_lower,
+)
 from torch.export import ExportedProgram
 
 from ._logging import announce
@@ -155,8 +160,16 @@ def save(
     path: str | os.PathLike,
     output_format: str = "executorch",
     use_cuda_graphs: bool | None = None,
+    backend_config: ExecutorchBackendConfig | None = None,
 ) -> Path:
     """Writes `compiled` as one ExecuTorch .pte; returns the path.
+
+    ``backend_config`` is passed to ``to_executorch`` as is, e.g.
+    ``ExecutorchBackendConfig(propagate_device_config=PropagateDeviceConfig(
+    skip_h2d_for_method_inputs=True, skip_d2h_for_method_outputs=True),
+    memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False,
+    alloc_graph_output=False))`` for CUDA inputs and outputs at the method
+    boundary (the Kiln delegate then reads and writes them in place).
 
     ``use_cuda_graphs`` (when not None and different from what was given to
     ``kiln.compile``) re-lowers the program, because the choice is baked into
@@ -178,6 +191,11 @@ def save(
         )
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"kiln.save: path must be a str or os.PathLike, got {type(path).__name__}")
+    if backend_config is not None and not isinstance(backend_config, ExecutorchBackendConfig):
+        raise TypeError(
+            f"kiln.save: backend_config must be an executorch.exir.ExecutorchBackendConfig, "
+            f"got {type(backend_config).__name__}"
+        )
 
     manager = compiled.edge_program_manager
     if use_cuda_graphs is not None and compiled.options.cuda_graphs_choice is not use_cuda_graphs:
@@ -194,7 +212,7 @@ def save(
         )
         manager, _ = lower(compiled.exported_program, options)
 
-    program = manager.to_executorch()
+    program = manager.to_executorch(backend_config) if backend_config is not None else manager.to_executorch()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:

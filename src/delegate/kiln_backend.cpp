@@ -2,22 +2,30 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <utility>
+
+#include <kiln/caller_stream.h>
 
 #include <executorch/runtime/core/exec_aten/util/dim_order_util.h>
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/platform/log.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "delegate/backend_options.h"
 #include "delegate/status_to_error.h"
 #include "engine_format/engine_format.h"
+#include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/engine.h"
+#include "runtime/engine_cache.h"
 #include "runtime/execution_context.h"
+#include "runtime/shared_scratch.h"
 
 namespace kiln::delegate {
 
@@ -35,7 +43,72 @@ namespace {
 // allocator, so only its destructor runs in destroy().
 struct KilnHandle {
   std::unique_ptr<runtime::ExecutionContext> context;
+  runtime::ContextStats reported;  // stats already added to the process counters
+  bool graph_reason_logged = false;
+  bool host_for_device_logged = false;
 };
+
+// Process-wide settings (set_option) and counters (get_option).
+struct ProcessState {
+  std::mutex mutex;  // guards `options`
+  ProcessOptions options;
+  std::atomic<uint64_t> h2d_copies{0}, d2h_copies{0}, graph_launches{0}, graph_records{0},
+      runs{0}, shared_engine_loads{0};
+};
+
+ProcessState& process_state() {
+  // Leaked on purpose: handles may be destroyed during static teardown.
+  static ProcessState* const state = new ProcessState();
+  return *state;
+}
+
+ProcessOptions current_options() {
+  ProcessState& state = process_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.options;
+}
+
+// Adds what `handle` did since the last call to the process counters.
+void report_stats(KilnHandle& handle) {
+  const runtime::ContextStats& now = handle.context->stats();
+  runtime::ContextStats& was = handle.reported;
+  ProcessState& state = process_state();
+  state.h2d_copies += now.h2d_copies - was.h2d_copies;
+  state.d2h_copies += now.d2h_copies - was.d2h_copies;
+  state.graph_launches += now.graph_launches - was.graph_launches;
+  state.graph_records += now.graph_records - was.graph_records;
+  state.runs += now.runs - was.runs;
+  was = now;
+}
+
+// The stream this call runs on: the caller's (CallerStreamGuard on this
+// thread) or cudaStreamPerThread. A caller stream of another device than the
+// engine's is refused.
+kiln::Status pick_stream(int engine_device, cudaStream_t* stream) {
+  bool is_set = false;
+  cudaStream_t caller = kiln::current_caller_stream(&is_set);
+  if (!is_set) {
+    *stream = cudaStreamPerThread;
+    return kiln::Status::ok();
+  }
+  // The legacy and per-thread default streams belong to the current device,
+  // which execute makes the engine's.
+  if (caller != nullptr && caller != cudaStreamLegacy && caller != cudaStreamPerThread) {
+    int stream_device = -1;
+    const cudaError_t error = cudaStreamGetDevice(caller, &stream_device);
+    if (error != cudaSuccess)
+      return runtime::cuda_error_status(error, "cudaStreamGetDevice(caller stream)", __FILE__,
+                                        __LINE__)
+          .with_context("checking the stream set with kiln::CallerStreamGuard");
+    if (stream_device != engine_device)
+      return make_status(StatusCode::kInvalidArgument,
+                         "the caller stream (kiln::CallerStreamGuard) is on CUDA device %d, but "
+                         "this engine was loaded on CUDA device %d",
+                         stream_device, engine_device);
+  }
+  *stream = caller;
+  return kiln::Status::ok();
+}
 
 // Checked once: the answer does not change while the process runs.
 const kiln::Status& gpu_status() {
@@ -96,7 +169,7 @@ void describe(char* buffer, size_t capacity, const Tensor& t) {
 
 // Checks one delegate argument against the engine's input/output `index`.
 Error check_tensor(const EValue* value, const engine::TensorDesc& want, const char* what,
-                   size_t index) {
+                   size_t index, int engine_device) {
   if (value == nullptr || !value->isTensor()) {
     char tag[32] = "null";
     if (value != nullptr) et::tag_to_string(value->tag, tag, sizeof(tag));
@@ -105,11 +178,17 @@ Error check_tensor(const EValue* value, const engine::TensorDesc& want, const ch
   }
   const Tensor& t = value->toTensor();
   if (t.device_type() != executorch::aten::DeviceType::CPU) {
-    ET_LOG(Error,
-           "KilnBackend: %s %zu: the tensor is in CUDA device memory; this Kiln delegate "
-           "takes host (CPU) tensors only",
-           what, index);
-    return Error::NotSupported;
+    if (t.device_type() != executorch::aten::DeviceType::CUDA) {
+      ET_LOG(Error, "KilnBackend: %s %zu: the tensor is on device type %d; Kiln takes host "
+             "(CPU) or CUDA tensors", what, index, static_cast<int>(t.device_type()));
+      return Error::NotSupported;
+    }
+    if (static_cast<int>(t.device_index()) != engine_device) {
+      ET_LOG(Error, "KilnBackend: %s %zu: the tensor is on CUDA device %d, but this engine "
+             "was loaded on CUDA device %d", what, index, static_cast<int>(t.device_index()),
+             engine_device);
+      return Error::InvalidArgument;
+    }
   }
   DType dtype;
   bool match = to_engine_dtype(t.scalar_type(), &dtype) && dtype == want.dtype &&
@@ -131,6 +210,37 @@ Error check_tensor(const EValue* value, const engine::TensorDesc& want, const ch
   return Error::Ok;
 }
 
+// True when `data` is memory the GPU can use in place. A tensor that the
+// program tagged CUDA may still hold host memory when the caller fed a host
+// tensor to a program exported for device I/O.
+bool is_device_memory(const void* data) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+// Fills `io` from a checked tensor argument.
+void describe_io(KilnHandle& handle, const Tensor& t, bool is_input, size_t index,
+                 runtime::IoBuffer* io) {
+  io->data = is_input ? const_cast<void*>(t.const_data_ptr()) : t.mutable_data_ptr();
+  io->nbytes = t.nbytes();
+  io->on_device = t.device_type() == executorch::aten::DeviceType::CUDA;
+  if (io->on_device && io->nbytes > 0 && !is_device_memory(io->data)) {
+    io->on_device = false;  // stage it like any host tensor
+    if (!handle.host_for_device_logged) {
+      handle.host_for_device_logged = true;
+      ET_LOG(Info,
+             "KilnBackend: warning: %s %zu is tagged as a CUDA tensor (the program was exported "
+             "for device-resident I/O) but holds host memory; it is copied through staging "
+             "buffers (logged once per delegate)",
+             is_input ? "input" : "output", index);
+    }
+  }
+}
+
 }  // namespace
 
 bool KilnBackend::is_available() const { return gpu_status().is_ok(); }
@@ -150,9 +260,20 @@ et::Result<DelegateHandle*> KilnBackend::init(
     return Error::InvalidProgram;
   }
 
-  Result<engine::EngineDesc> desc = engine::parse_engine(*data, processed->size());
-  if (!desc.is_ok()) return to_executorch_error(desc.status(), kPrefix);
-  const size_t n_inputs = desc->inputs.size(), n_outputs = desc->outputs.size();
+  LoadOptions load;
+  kiln::Status status = parse_load_options(context.runtime_specs(), &load);
+  if (!status.is_ok()) return to_executorch_error(status, kPrefix);
+  const ProcessOptions process = current_options();
+  const bool share = load.use_shared_engines.value_or(process.use_shared_engines);
+
+  Result<int> device = runtime::current_device();
+  if (!device.is_ok()) return to_executorch_error(device.status(), kPrefix);
+  runtime::EngineLoadStats load_stats;
+  Result<std::shared_ptr<const runtime::Engine>> loaded = runtime::load_engine_shared(
+      *data, processed->size(), device.value(), /*options_key=*/0, share, &load_stats);
+  if (!loaded.is_ok()) return to_executorch_error(loaded.status(), kPrefix);
+  std::shared_ptr<const runtime::Engine> shared = std::move(loaded).value();
+  const size_t n_inputs = shared->num_inputs(), n_outputs = shared->num_outputs();
   if (n_inputs > kMaxEngineArgs || n_outputs > kMaxEngineArgs)
     return to_executorch_error(
         make_status(StatusCode::kUnsupported,
@@ -160,16 +281,19 @@ et::Result<DelegateHandle*> KilnBackend::init(
                     "of each",
                     n_inputs, n_outputs, kMaxEngineArgs),
         kPrefix);
+  if (load_stats.shared) ++process_state().shared_engine_loads;
 
-  Result<int> device = runtime::current_device();
-  if (!device.is_ok()) return to_executorch_error(device.status(), kPrefix);
-  Result<std::unique_ptr<runtime::Engine>> engine =
-      runtime::Engine::load(std::move(desc).value(), device.value());
-  if (!engine.is_ok()) return to_executorch_error(engine.status(), kPrefix);
-  std::shared_ptr<const runtime::Engine> shared(std::move(engine).value());
+  runtime::ContextOptions context_options;
+  GraphsSource graphs_source = GraphsSource::kProcessDefault;
+  status = resolve_use_cuda_graphs(load, shared->desc().find_metadata("use_cuda_graphs"),
+                                   process.use_cuda_graphs, &context_options.use_cuda_graphs,
+                                   &graphs_source);
+  if (!status.is_ok()) return to_executorch_error(status, kPrefix);
+  if (process.use_shared_activation_scratch)
+    context_options.shared_scratch = runtime::SharedScratch::for_device(device.value());
 
   Result<std::unique_ptr<runtime::ExecutionContext>> exec =
-      runtime::ExecutionContext::create(shared);
+      runtime::ExecutionContext::create(shared, std::move(context_options));
   if (!exec.is_ok()) return to_executorch_error(exec.status(), kPrefix);
 
   et::MemoryAllocator* allocator = context.get_runtime_allocator();
@@ -181,16 +305,27 @@ et::Result<DelegateHandle*> KilnBackend::init(
            sizeof(KilnHandle));
     return Error::MemoryAllocationFailed;  // `exec` and `shared` free the GPU side
   }
-  auto* handle = new (memory) KilnHandle{std::move(exec).value()};
+  auto* handle = new (memory) KilnHandle();
+  handle->context = std::move(exec).value();
+  runtime::ExecutionContext& ctx = *handle->context;
 
   const runtime::DeviceInfo& info = shared->device_info();
   ET_LOG(Info,
          "KilnBackend: loaded engine for method '%s': %zu steps, %zu inputs, %zu outputs, "
-         "%zu bytes of weights, %zu-byte arena, on GPU %d (%s, sm_%d)",
+         "%zu bytes of weights (%s), %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "
+         "(%s, sm_%d)",
          context.get_method_name() != nullptr ? context.get_method_name() : "?",
          shared->desc().steps.size(), n_inputs, n_outputs, shared->weights_bytes(),
-         static_cast<size_t>(shared->desc().arena_bytes), info.ordinal, info.name.c_str(),
-         info.sm);
+         load_stats.shared ? "shared with an earlier load" : share ? "shareable" : "private",
+         static_cast<size_t>(shared->desc().arena_bytes),
+         ctx.uses_shared_scratch() ? "shared scratch" : "own",
+         ctx.uses_cuda_graphs() ? "on" : "off", graphs_source_name(graphs_source), info.ordinal,
+         info.name.c_str(), info.sm);
+  if (!ctx.graph_disabled_reason().empty()) {
+    handle->graph_reason_logged = true;
+    ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine: %s",
+           ctx.graph_disabled_reason().c_str());
+  }
   processed->Free();  // everything needed now lives in the engine
   return static_cast<DelegateHandle*>(handle);
 }
@@ -201,7 +336,8 @@ Error KilnBackend::execute(et::BackendExecutionContext& context, DelegateHandle*
     ET_LOG(Error, "KilnBackend: execute called with a null handle");
     return Error::DelegateInvalidHandle;
   }
-  runtime::ExecutionContext& exec = *static_cast<KilnHandle*>(handle)->context;
+  KilnHandle& kiln_handle = *static_cast<KilnHandle*>(handle);
+  runtime::ExecutionContext& exec = *kiln_handle.context;
   const size_t n_inputs = exec.num_inputs(), n_outputs = exec.num_outputs();
   if (args.size() != n_inputs + n_outputs) {
     ET_LOG(Error, "KilnBackend: expected %zu arguments (%zu inputs + %zu outputs), got %zu",
@@ -209,34 +345,66 @@ Error KilnBackend::execute(et::BackendExecutionContext& context, DelegateHandle*
     return Error::InvalidArgument;
   }
 
+  const int engine_device = exec.engine().device();
+  cudaStream_t stream = nullptr;
+  kiln::Status status = pick_stream(engine_device, &stream);
+  if (!status.is_ok()) return to_executorch_error(status, "KilnBackend: execute failed");
+
   // Fixed-size arrays: no heap allocation per call (init() enforced the bound).
-  const void* input_data[kMaxEngineArgs];
-  size_t input_bytes[kMaxEngineArgs];
-  void* output_data[kMaxEngineArgs];
-  size_t output_bytes[kMaxEngineArgs];
+  runtime::IoBuffer inputs[kMaxEngineArgs];
+  runtime::IoBuffer outputs[kMaxEngineArgs];
   for (size_t i = 0; i < n_inputs; ++i) {
-    Error error = check_tensor(args[i], exec.input_desc(i), "input", i);
+    Error error = check_tensor(args[i], exec.input_desc(i), "input", i, engine_device);
     if (error != Error::Ok) return error;
-    const Tensor& t = args[i]->toTensor();
-    input_data[i] = t.const_data_ptr();
-    input_bytes[i] = t.nbytes();
+    describe_io(kiln_handle, args[i]->toTensor(), true, i, &inputs[i]);
   }
   for (size_t i = 0; i < n_outputs; ++i) {
     EValue* value = args[n_inputs + i];
-    Error error = check_tensor(value, exec.output_desc(i), "output", i);
+    Error error = check_tensor(value, exec.output_desc(i), "output", i, engine_device);
     if (error != Error::Ok) return error;
-    const Tensor& t = value->toTensor();
-    output_data[i] = t.mutable_data_ptr();
-    output_bytes[i] = t.nbytes();
+    describe_io(kiln_handle, value->toTensor(), false, i, &outputs[i]);
   }
-  kiln::Status status =
-      exec.execute_host(input_data, input_bytes, output_data, output_bytes, cudaStreamPerThread);
+  status = exec.execute(inputs, outputs, stream);
+  report_stats(kiln_handle);
+  if (!kiln_handle.graph_reason_logged && !exec.graph_disabled_reason().empty()) {
+    kiln_handle.graph_reason_logged = true;
+    ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine, running it normally: %s",
+           exec.graph_disabled_reason().c_str());
+  }
   if (!status.is_ok()) return to_executorch_error(status, "KilnBackend: execute failed");
   return Error::Ok;
 }
 
 void KilnBackend::destroy(DelegateHandle* handle) const {
   if (handle != nullptr) static_cast<KilnHandle*>(handle)->~KilnHandle();
+}
+
+Error KilnBackend::set_option(et::BackendOptionContext& context,
+                              const et::Span<et::BackendOption>& backend_options) {
+  ProcessState& state = process_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  ProcessOptions next;
+  kiln::Status status = parse_set_options(
+      et::Span<const et::BackendOption>(backend_options.data(), backend_options.size()),
+      state.options, &next);
+  if (!status.is_ok()) return to_executorch_error(status, "KilnBackend: set_option refused");
+  state.options = next;
+  return Error::Ok;
+}
+
+Error KilnBackend::get_option(et::BackendOptionContext& context,
+                              et::Span<et::BackendOption>& backend_options) {
+  ProcessState& state = process_state();
+  CounterValues counters;
+  counters.h2d_copies = state.h2d_copies;
+  counters.d2h_copies = state.d2h_copies;
+  counters.graph_launches = state.graph_launches;
+  counters.graph_records = state.graph_records;
+  counters.runs = state.runs;
+  counters.shared_engine_loads = state.shared_engine_loads;
+  kiln::Status status = fill_get_options(backend_options, current_options(), counters);
+  if (!status.is_ok()) return to_executorch_error(status, "KilnBackend: get_option refused");
+  return Error::Ok;
 }
 
 KilnBackend& kiln_backend() {

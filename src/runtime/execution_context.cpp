@@ -1,3 +1,5 @@
+// ExecutionContext: creation, buffers, launch arguments and their rebinding,
+// and run(). execute() (staging, graph replay) is in execution_context_io.cpp.
 #include "runtime/execution_context.h"
 
 #include <algorithm>
@@ -24,22 +26,51 @@ size_t buffer_bytes(uint64_t nbytes) { return std::max<uint64_t>(nbytes, 1); }
 
 }  // namespace
 
-ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine)
-    : engine_(std::move(engine)) {}
+ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, ContextOptions options)
+    : engine_(std::move(engine)), scratch_(std::move(options.shared_scratch)) {
+  graphs_enabled_ = options.use_cuda_graphs;
+}
 
 Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
-    std::shared_ptr<const Engine> engine) {
+    std::shared_ptr<const Engine> engine, ContextOptions options) {
   if (engine == nullptr)
     return make_status(StatusCode::kInvalidArgument, "ExecutionContext::create: null engine");
+  if (options.shared_scratch != nullptr && options.shared_scratch->device() != engine->device())
+    return make_status(StatusCode::kInvalidArgument,
+                       "ExecutionContext::create: shared scratch of device %d for an engine on "
+                       "device %d",
+                       options.shared_scratch->device(), engine->device());
   KILN_RETURN_IF_ERROR(ensure_current_device(engine->device()));
-  std::unique_ptr<ExecutionContext> context(new ExecutionContext(std::move(engine)));
+  std::unique_ptr<ExecutionContext> context(
+      new ExecutionContext(std::move(engine), std::move(options)));
   // On failure `context` is destroyed, freeing whatever was allocated.
   KILN_RETURN_IF_ERROR(context->allocate_buffers());
   KILN_RETURN_IF_ERROR(context->prepare_steps());
+
+  if (context->graphs_enabled_ && context->scratch_ != nullptr) {
+    // The scratch may move under a recorded graph, and its lock must cover
+    // the whole run anyway, so replay would buy nothing.
+    context->graphs_enabled_ = false;
+    context->graph_disabled_reason_ =
+        "the context uses the shared activation scratch (use_shared_activation_scratch)";
+  }
+  if (context->graphs_enabled_) {
+    const cudaError_t error =
+        cudaStreamCreateWithFlags(&context->capture_stream_, cudaStreamNonBlocking);
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();
+      context->capture_stream_ = nullptr;
+      context->graphs_enabled_ = false;
+      context->graph_disabled_reason_ = std::string("cudaStreamCreateWithFlags failed: ") +
+                                        cudaGetErrorString(error);
+    }
+  }
   return Result<std::unique_ptr<ExecutionContext>>(std::move(context));
 }
 
 ExecutionContext::~ExecutionContext() {
+  graph_.reset();
+  if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   for (cublasLtMatmulDesc_t op : owned_ops_) (void)cublasLtMatmulDescDestroy(op);
   for (void* p : input_device_)
     if (p != nullptr) (void)cudaFree(p);
@@ -56,10 +87,21 @@ ExecutionContext::~ExecutionContext() {
 
 Status ExecutionContext::allocate_buffers() {
   const engine::EngineDesc& desc = engine_->desc();
-  KILN_CUDA_RETURN_IF_ERROR(
-      cudaMalloc(&arena_, std::max<uint64_t>(desc.arena_bytes, kMinArenaBytes)));
+  const size_t arena_bytes = std::max<uint64_t>(desc.arena_bytes, kMinArenaBytes);
+  if (scratch_ != nullptr) {
+    // Grow the shared buffer now, at load, so runs normally find it big enough.
+    std::lock_guard<std::mutex> lock(scratch_->mutex());
+    KILN_ASSIGN_OR_RETURN(bound_arena_, scratch_->acquire(arena_bytes));
+  } else {
+    KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&arena_, arena_bytes));
+    device_bytes_ += arena_bytes;
+    bound_arena_ = arena_;
+  }
   workspace_bytes_ = engine_->workspace_bytes();
-  if (workspace_bytes_ > 0) KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
+  if (workspace_bytes_ > 0) {
+    KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
+    device_bytes_ += workspace_bytes_;
+  }
 
   // Sized first (all null) so the destructor sees every slot if we stop halfway.
   input_device_.assign(num_inputs(), nullptr);
@@ -70,24 +112,34 @@ Status ExecutionContext::allocate_buffers() {
     const size_t bytes = buffer_bytes(input_desc(i).nbytes);
     KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&input_device_[i], bytes));
     KILN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&input_pinned_[i], bytes, cudaHostAllocDefault));
+    device_bytes_ += bytes;
   }
   for (size_t i = 0; i < num_outputs(); ++i) {
     const size_t bytes = buffer_bytes(output_desc(i).nbytes);
     KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&output_device_[i], bytes));
     KILN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&output_pinned_[i], bytes, cudaHostAllocDefault));
+    device_bytes_ += bytes;
   }
+  bound_inputs_ = input_device_;
+  bound_outputs_ = output_device_;
+  // Sized here so execute() never allocates.
+  graph_inputs_.assign(num_inputs(), nullptr);
+  graph_outputs_.assign(num_outputs(), nullptr);
+  graph_input_on_device_.assign(num_inputs(), 0);
+  graph_output_on_device_.assign(num_outputs(), 0);
+  host_io_.assign(num_inputs() + num_outputs(), IoBuffer{});
   return Status::ok();
 }
 
-void* ExecutionContext::tensor_address(uint32_t tensor) const {
+void* ExecutionContext::tensor_address(uint32_t tensor) {
   const TensorDesc& t = engine_->desc().tensors[tensor];
   switch (t.storage) {
     case StorageKind::kInput:
-      return input_device_[t.io_index];
+      return bound_inputs_[t.io_index];
     case StorageKind::kOutput:
-      return output_device_[t.io_index];
+      return bound_outputs_[t.io_index];
     case StorageKind::kArena:
-      return static_cast<uint8_t*>(arena_) + t.offset;
+      return static_cast<uint8_t*>(bound_arena_) + t.offset;
     case StorageKind::kWeight:
       // Kernels only read weights; the launch API wants non-const pointers.
       return const_cast<uint8_t*>(static_cast<const uint8_t*>(engine_->weights())) + t.offset;
@@ -100,11 +152,36 @@ Status ExecutionContext::prepare_steps() {
   size_t total_args = 0;
   for (const auto& step : desc.steps)
     if (step.kind == StepKind::kKernel) total_args += step.kernel.args.size();
-  // Sized once: the pointers below must never move.
+  // Sized once: the pointers below (and the bindings into them) must never move.
   arg_slots_.assign(total_args, ArgSlot{nullptr});
   arg_pointers_.assign(total_args, nullptr);
   kernel_calls_.assign(desc.steps.size(), KernelCall{});
   gemm_calls_.assign(desc.steps.size(), GemmCall{});
+
+  // Records where `*slot` came from when it can move (not a weight).
+  auto bind = [&](uint32_t tensor, void** slot, cublasLtMatmulDesc_t bias_op) {
+    const TensorDesc& t = desc.tensors[tensor];
+    Binding b;
+    b.slot = slot;
+    b.bias_op = bias_op;
+    switch (t.storage) {
+      case StorageKind::kWeight:
+        return;
+      case StorageKind::kInput:
+        b.base = Base::kInput;
+        b.index = t.io_index;
+        break;
+      case StorageKind::kOutput:
+        b.base = Base::kOutput;
+        b.index = t.io_index;
+        break;
+      case StorageKind::kArena:
+        b.base = Base::kArena;
+        b.offset = t.offset;
+        break;
+    }
+    bindings_.push_back(b);
+  };
 
   size_t next_arg = 0;
   for (size_t i = 0; i < desc.steps.size(); ++i) {
@@ -122,6 +199,7 @@ Status ExecutionContext::prepare_steps() {
         switch (arg.kind) {
           case KernelArgKind::kTensor:
             slot.ptr = tensor_address(arg.tensor);
+            bind(arg.tensor, &slot.ptr, nullptr);
             break;
           case KernelArgKind::kInt64:
             slot.i64 = arg.i64;
@@ -146,12 +224,60 @@ Status ExecutionContext::prepare_steps() {
         if (!op.is_ok()) return op.status().with_context(step_label(desc, i));
         owned_ops_.push_back(op.value());
         call.op = op.value();
+        bind(g.bias, nullptr, call.op);
       }
       call.a = tensor_address(g.b);
       call.b = tensor_address(g.a);
       call.d = tensor_address(g.out);
+      bind(g.b, &call.a, nullptr);
+      bind(g.a, &call.b, nullptr);
+      bind(g.out, &call.d, nullptr);
       // Without c, C aliases D and beta is 0, so C is never read.
-      call.c = g.c != engine::kNoTensor ? tensor_address(g.c) : call.d;
+      const uint32_t c = g.c != engine::kNoTensor ? g.c : g.out;
+      call.c = tensor_address(c);
+      bind(c, &call.c, nullptr);
+    }
+  }
+  return Status::ok();
+}
+
+Status ExecutionContext::rebind(void* arena, const IoBuffer* inputs, const IoBuffer* outputs) {
+  bool changed = arena != bound_arena_;
+  bound_arena_ = arena;
+  // A device tensor is used in place; a host one (or an empty one) goes
+  // through this context's own buffer.
+  for (size_t i = 0; i < num_inputs(); ++i) {
+    void* want = inputs[i].on_device && inputs[i].data != nullptr ? inputs[i].data
+                                                                  : input_device_[i];
+    changed |= want != bound_inputs_[i];
+    bound_inputs_[i] = want;
+  }
+  for (size_t i = 0; i < num_outputs(); ++i) {
+    void* want = outputs[i].on_device && outputs[i].data != nullptr ? outputs[i].data
+                                                                    : output_device_[i];
+    changed |= want != bound_outputs_[i];
+    bound_outputs_[i] = want;
+  }
+  if (!changed) return Status::ok();
+  for (const Binding& b : bindings_) {
+    uint8_t* base = nullptr;
+    switch (b.base) {
+      case Base::kInput:
+        base = static_cast<uint8_t*>(bound_inputs_[b.index]);
+        break;
+      case Base::kOutput:
+        base = static_cast<uint8_t*>(bound_outputs_[b.index]);
+        break;
+      case Base::kArena:
+        base = static_cast<uint8_t*>(bound_arena_);
+        break;
+    }
+    void* address = base + b.offset;
+    if (b.slot != nullptr) {
+      *b.slot = address;
+    } else {
+      KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          b.bias_op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &address, sizeof(address)));
     }
   }
   return Status::ok();
@@ -181,64 +307,6 @@ Status ExecutionContext::run(cudaStream_t stream) {
     Status status = run_step(i, stream);
     if (!status.is_ok()) return status.with_context(step_label(engine_->desc(), i));
   }
-  return Status::ok();
-}
-
-Status ExecutionContext::check_sizes(const void* const* data, const size_t* nbytes,
-                                     bool inputs) const {
-  const char* what = inputs ? "input" : "output";
-  const size_t count = inputs ? num_inputs() : num_outputs();
-  if (count > 0 && (data == nullptr || nbytes == nullptr))
-    return make_status(StatusCode::kInvalidArgument, "execute_host: null %s arrays", what);
-  for (size_t i = 0; i < count; ++i) {
-    const TensorDesc& t = inputs ? input_desc(i) : output_desc(i);
-    if (nbytes[i] != t.nbytes)
-      return make_status(StatusCode::kInvalidArgument,
-                         "%s %zu ('%s'): expected %llu bytes, got %zu", what, i, t.name.c_str(),
-                         static_cast<unsigned long long>(t.nbytes), nbytes[i]);
-    if (t.nbytes > 0 && data[i] == nullptr)
-      return make_status(StatusCode::kInvalidArgument, "%s %zu ('%s'): null data pointer", what,
-                         i, t.name.c_str());
-  }
-  return Status::ok();
-}
-
-Status ExecutionContext::execute_host(const void* const* inputs, const size_t* input_nbytes,
-                                      void* const* outputs, const size_t* output_nbytes,
-                                      cudaStream_t stream) {
-  KILN_RETURN_IF_ERROR(check_sizes(inputs, input_nbytes, true));
-  KILN_RETURN_IF_ERROR(check_sizes(outputs, output_nbytes, false));
-  KILN_RETURN_IF_ERROR(ensure_current_device(engine_->device()));
-
-  // Everything enqueued below reads or writes the pinned buffers; on a failure
-  // wait for what was already enqueued so the next call cannot race with it.
-  auto enqueue = [&]() -> Status {
-    for (size_t i = 0; i < num_inputs(); ++i) {
-      const size_t n = input_nbytes[i];
-      if (n == 0) continue;
-      std::memcpy(input_pinned_[i], inputs[i], n);
-      KILN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(input_device_[i], input_pinned_[i], n,
-                                                cudaMemcpyHostToDevice, stream));
-    }
-    KILN_RETURN_IF_ERROR(run(stream));
-    for (size_t i = 0; i < num_outputs(); ++i) {
-      const size_t n = output_nbytes[i];
-      if (n == 0) continue;
-      KILN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(output_pinned_[i], output_device_[i], n,
-                                                cudaMemcpyDeviceToHost, stream));
-    }
-    return Status::ok();
-  };
-  Status status = enqueue();
-  if (!status.is_ok()) {
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaGetLastError();
-    return status;
-  }
-  // Kernel faults surface here.
-  KILN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  for (size_t i = 0; i < num_outputs(); ++i)
-    if (output_nbytes[i] > 0) std::memcpy(outputs[i], output_pinned_[i], output_nbytes[i]);
   return Status::ok();
 }
 

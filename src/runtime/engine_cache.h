@@ -1,0 +1,42 @@
+// Process-wide sharing of loaded engines. Loading the same engine bytes twice
+// on one device gives the same immutable Engine (weights, kernel modules,
+// cuBLASLt plans) instead of a second copy; each caller still makes its own
+// ExecutionContext. The cache holds weak_ptrs only, so an Engine is freed
+// when its last context goes away, exactly as without the cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "runtime/engine.h"
+
+namespace kiln::runtime {
+
+// 64-bit hash of `size` bytes (8 bytes per step, multiply-xorshift mixing;
+// not cryptographic). The cache key pairs it with the size and the device,
+// so a collision needs two different engines of the same length whose
+// hashes agree: about 2^-64 per pair.
+uint64_t hash_bytes(const void* data, size_t size);
+
+struct EngineLoadStats {
+  bool shared = false;        // true when an already loaded Engine was reused
+  uint64_t hash = 0;          // hash_bytes of the engine bytes
+  double hash_seconds = 0.0;  // time spent hashing
+};
+
+// Parses and loads the engine in `bytes` onto `device`, or returns the Engine
+// already loaded from identical bytes on that device with the same
+// `options_key` (a fingerprint of any load option that changes what Engine
+// holds; 0 today, since no option does). With `share` false the Engine is
+// private: neither looked up nor published. Thread-safe: concurrent loads of
+// the same bytes are serialized so that both end up sharing one Engine.
+Result<std::shared_ptr<const Engine>> load_engine_shared(const void* bytes, size_t size,
+                                                         int device, uint64_t options_key,
+                                                         bool share, EngineLoadStats* stats);
+
+// Number of live shared Engines in the cache (expired entries not counted).
+size_t shared_engine_count();
+
+}  // namespace kiln::runtime

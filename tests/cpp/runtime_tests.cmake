@@ -1,0 +1,28 @@
+# Run-side tests that need no GPU: the delegate's option parsing, and
+# KilnBackend::set_option/get_option through ExecuTorch's registry (the
+# delegate library loads and registers without a GPU).
+find_package(Threads REQUIRED)
+add_executable(kiln_backend_options_tests backend_options_test.cpp)
+target_link_libraries(kiln_backend_options_tests PRIVATE
+  kiln_backend_options kiln::backend executorch::runtime GTest::gtest_main)
+gtest_discover_tests(kiln_backend_options_tests)
+
+# GPU test program for the runtime features (graphs, caller streams, shared
+# engines, shared scratch); run on the GPU machine by
+# tests/gpu/runtime_features_test.py, not by ctest.
+if(TARGET kiln_runner)
+  set(_runner_dir ${PROJECT_SOURCE_DIR}/tools/kiln_runner)
+  add_executable(kiln_runtime_features_test
+    ${PROJECT_SOURCE_DIR}/tests/gpu/runtime_features_test.cpp
+    ${_runner_dir}/tensor_file.cpp
+    ${_runner_dir}/tensor_math.cpp)
+  target_include_directories(kiln_runtime_features_test PRIVATE ${_runner_dir})
+  target_link_libraries(kiln_runtime_features_test PRIVATE
+    kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
+    executorch::kernels_optimized Threads::Threads)
+endif()
+
+# The shared-engine cache's hash and failure path (no GPU needed).
+add_executable(kiln_engine_cache_tests engine_cache_test.cpp)
+target_link_libraries(kiln_engine_cache_tests PRIVATE kiln_runtime GTest::gtest_main)
+gtest_discover_tests(kiln_engine_cache_tests)
