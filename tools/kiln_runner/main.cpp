@@ -3,7 +3,8 @@
 // checks the outputs against a reference. See README.md.
 //
 // Exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
-// 3 the model could not be loaded or run.
+// 3 the model could not be loaded or run, 4 no green context
+// (--green_context_sms / --green_context_sweep).
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "green_context.h"
+#include "kiln/caller_stream.h"
 #include "tensor_file.h"
 #include "tensor_math.h"
 
@@ -37,6 +41,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitMismatch = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitLoad = 3;
+constexpr int kExitGreenContext = 4;
 
 constexpr const char* kKilnBackendName = "KilnBackend";
 
@@ -58,10 +63,23 @@ tensors, prints its latency and checks its outputs.
   --rtol=X              pass when ||out - ref||_2 / ||ref||_2 <= X (default by
                         dtype: 1e-5 float32, 1e-2 float16/bfloat16); integer
                         and bool outputs must match exactly; NaN/Inf never pass
+  --green_context_sms=N run on a stream of a CUDA green context holding N SMs
+                        (rounded to the driver's granularity; the SMs obtained
+                        are printed); 0 (default): an ordinary stream
+  --green_context_sweep=N1,N2,...|all
+                        for each size, run warmup + num_runs executions on a
+                        green context of that many SMs and print a table of
+                        latency by SM count; 'all': a ladder from the device's
+                        smallest partition, doubling, up to the whole device
+  --use_cuda_graphs=true|false
+                        load option for KilnBackend: record each engine's
+                        launches once and replay them as a CUDA graph (wins
+                        over the engine's metadata and the process default)
   --help                show this text
 
 exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
-            3 the model could not be loaded or run
+            3 the model could not be loaded or run,
+            4 a green context could not be created (the message says why)
 )";
 
 struct Options {
@@ -76,6 +94,11 @@ struct Options {
   bool has_seed = false;
   uint64_t seed = 0;
   bool help = false;
+  std::string use_cuda_graphs;  // "", "true" or "false" (--use_cuda_graphs)
+  long green_context_sms = 0;                  // 0: ordinary stream
+  std::string green_context_sweep;             // the flag's text; "" = no sweep
+  std::vector<unsigned> green_context_sweep_sms;  // sizes; "all" resolved in main
+  kiln::tools::GreenContext* green_context = nullptr;  // set by run_green_context_modes
 };
 
 int usage_error(const std::string& message) {
@@ -91,6 +114,35 @@ bool parse_long(const std::string& text, long min_value, long* out) {
   if (errno != 0 || *end != '\0' || value < min_value) return false;
   *out = value;
   return true;
+}
+
+// --green_context_sms=N and --green_context_sweep=N1,N2,...|all; returns ""
+// or the problem.
+std::string parse_green_context_flag(const std::string& name, const std::string& value,
+                                     Options* options) {
+  if (name == "green_context_sms") {
+    if (!parse_long(value, 0, &options->green_context_sms) ||
+        options->green_context_sms > 1000000)
+      return "--green_context_sms must be an integer >= 0 (0: ordinary stream), got '" + value +
+             "'";
+    return "";
+  }
+  options->green_context_sweep = value;
+  options->green_context_sweep_sms.clear();
+  if (value == "all") return "";
+  size_t start = 0;
+  while (true) {
+    const size_t comma = value.find(',', start);
+    const std::string item = value.substr(start, comma - start);
+    long sms = 0;
+    if (!parse_long(item, 1, &sms) || sms > 1000000)
+      return "--green_context_sweep takes 'all' or a comma-separated list of SM counts >= 1, "
+             "got '" + value + "'";
+    options->green_context_sweep_sms.push_back(static_cast<unsigned>(sms));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return "";
 }
 
 // Returns an empty string on success, else the problem.
@@ -134,6 +186,13 @@ std::string parse_flags(int argc, char** argv, Options* options) {
       if (value.empty() || *end != '\0' || errno != 0)
         return "--seed must be a non-negative integer, got '" + value + "'";
       options->has_seed = true;
+    } else if (name == "use_cuda_graphs") {
+      if (value != "true" && value != "false")
+        return "--use_cuda_graphs must be true or false, got '" + value + "'";
+      options->use_cuda_graphs = value;
+    } else if (name == "green_context_sms" || name == "green_context_sweep") {
+      if (std::string problem = parse_green_context_flag(name, value, options); !problem.empty())
+        return problem;
     } else {
       return "unknown flag --" + name;
     }
@@ -176,6 +235,40 @@ std::string tag_name(et::Tag tag) {
   char text[32];
   et::tag_to_string(tag, text, sizeof(text));
   return text;
+}
+
+// ---- KilnBackend load options and counters (--use_cuda_graphs) -------------
+
+// The LoadBackendOptionsMap for Module::load: empty unless --use_cuda_graphs
+// was given. `storage` backs the map's span and must outlive the load.
+et::LoadBackendOptionsMap kiln_load_options(const Options& options,
+                                            et::BackendOptions<1>* storage) {
+  et::LoadBackendOptionsMap map;
+  if (!options.use_cuda_graphs.empty()) {
+    (void)storage->set_option("use_cuda_graphs", options.use_cuda_graphs == "true");
+    (void)map.set_options(kKilnBackendName, storage->view());
+  }
+  return map;
+}
+
+// One line with KilnBackend's process-wide counters (copies, graph replays).
+void print_kiln_counters() {
+  et::BackendOptions<5> query;
+  (void)query.set_option("runs", 0);
+  (void)query.set_option("h2d_copies", 0);
+  (void)query.set_option("d2h_copies", 0);
+  (void)query.set_option("graph_launches", 0);
+  (void)query.set_option("graph_records", 0);
+  if (et::get_option(kKilnBackendName, query.view()) != et::Error::Ok) return;
+  int runs = 0, h2d = 0, d2h = 0, launches = 0, records = 0;
+  (void)query.get_option("runs", runs);
+  (void)query.get_option("h2d_copies", h2d);
+  (void)query.get_option("d2h_copies", d2h);
+  (void)query.get_option("graph_launches", launches);
+  (void)query.get_option("graph_records", records);
+  std::printf("KilnBackend counters: %d engine runs, %d host-to-device copies, %d "
+              "device-to-host copies, %d CUDA graph launches, %d graph recordings\n",
+              runs, h2d, d2h, launches, records);
 }
 
 // Says plainly why a Kiln model cannot load here, when that is the reason.
@@ -280,6 +373,108 @@ bool collect_output(size_t i, const et::EValue& value, HostTensor* out) {
   return true;
 }
 
+// ---- green contexts (--green_context_sms, --green_context_sweep) -----------
+
+// warmup + num_runs executions; `sorted_ms` gets the timed latencies, sorted,
+// `outputs` the last run's outputs. kExitOk, or kExitLoad after printing why.
+int time_executions(const Options& options, Module& module,
+                    const std::vector<et::EValue>& input_values, std::vector<double>* sorted_ms,
+                    std::vector<et::EValue>* outputs) {
+  sorted_ms->clear();
+  const long total_runs = options.warmup + options.num_runs;
+  for (long r = 0; r < total_runs; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = module.execute(options.method, input_values);
+    const auto stop = std::chrono::steady_clock::now();
+    if (!result.ok()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "kiln_runner: execute failed on run %ld: %s\n", r + 1,
+                   error_name(result.error()).c_str());
+      return kExitLoad;
+    }
+    if (r >= options.warmup)
+      sorted_ms->push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    *outputs = std::move(*result);
+  }
+  std::sort(sorted_ms->begin(), sorted_ms->end());
+  return kExitOk;
+}
+
+// Whether every output matches `expected` under the same rules as run()'s
+// comparison (collect_output prints why an output cannot be read).
+bool outputs_match(const Options& options, const std::vector<et::EValue>& outputs,
+                   const std::vector<HostTensor>& expected) {
+  if (outputs.size() != expected.size()) return false;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    HostTensor out;
+    if (!collect_output(i, outputs[i], &out)) return false;
+    const HostTensor& ref = expected[i];
+    if (out.dtype != ref.dtype || out.shape != ref.shape) return false;
+    const kiln::tools::Comparison c = kiln::tools::compare_tensors(out, ref);
+    const bool is_float = kiln::tools::default_rtol(out.dtype) > 0.0;
+    const double rtol = is_float && options.rtol >= 0.0 ? options.rtol
+                                                        : kiln::tools::default_rtol(out.dtype);
+    if (c.non_finite != 0 || !(c.rel_err <= rtol)) return false;
+  }
+  return true;
+}
+
+// --green_context_sweep: times the method on an ordinary stream, then on a
+// green context of each size, and prints one table row per size that could be
+// created. 0; 4 when a size could not be created (after the other rows); 1
+// when outputs did not match --expected; 3 when an execution failed.
+int run_green_context_sweep(const Options& options, Module& module,
+                            const std::vector<et::EValue>& input_values,
+                            const std::vector<HostTensor>& expected) {
+  const bool check = !options.expected.empty();
+  std::vector<double> ms;
+  std::vector<et::EValue> outputs;
+  if (int code = time_executions(options, module, input_values, &ms, &outputs); code != kExitOk)
+    return code;
+  bool mismatch = check && !outputs_match(options, outputs, expected);
+  std::printf("ordinary stream (no green context): median %.3f ms, p90 %.3f ms%s\n",
+              percentile(ms, 0.5), percentile(ms, 0.9),
+              !check ? "" : mismatch ? ", outputs FAIL" : ", outputs PASS");
+  std::printf("%ld warmup + %ld timed runs per size\n\n", options.warmup, options.num_runs);
+  std::printf("SMs requested | SMs obtained | median ms |   p90 ms%s\n", check ? " | outputs" : "");
+  std::printf("--------------+--------------+-----------+---------%s\n", check ? "+--------" : "");
+  std::vector<unsigned> failed;
+  for (unsigned sms : options.green_context_sweep_sms) {
+    std::unique_ptr<kiln::tools::GreenContext> green;
+    if (std::string problem = kiln::tools::GreenContext::create(sms, &green); !problem.empty()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "kiln_runner: no green context of %u SMs: %s\n", sms,
+                   problem.c_str());
+      failed.push_back(sms);
+      continue;
+    }
+    int code;
+    {
+      kiln::CallerStreamGuard guard(green->stream());
+      code = time_executions(options, module, input_values, &ms, &outputs);
+    }
+    if (code != kExitOk) return code;
+    const bool ok = !check || outputs_match(options, outputs, expected);
+    mismatch |= !ok;
+    std::printf("%13u | %12u | %9.3f | %8.3f%s\n", sms, green->obtained_sms(),
+                percentile(ms, 0.5), percentile(ms, 0.9),
+                !check ? "" : ok ? " | PASS" : " | FAIL");
+    std::fflush(stdout);
+    if (std::string problem = green->destroy(); !problem.empty())
+      std::fprintf(stderr, "kiln_runner: warning: destroying the %u-SM green context: %s\n",
+                   sms, problem.c_str());
+  }
+  if (!failed.empty()) {
+    std::string list;
+    for (unsigned sms : failed) list += (list.empty() ? "" : ", ") + std::to_string(sms);
+    std::fprintf(stderr, "kiln_runner: %zu of %zu green context sizes could not be created "
+                 "(%s SMs)\n", failed.size(), options.green_context_sweep_sms.size(),
+                 list.c_str());
+    return kExitGreenContext;
+  }
+  return mismatch ? kExitMismatch : kExitOk;
+}
+
 int run(const Options& options) {
   if (std::FILE* f = std::fopen(options.model_path.c_str(), "rb")) {
     std::fclose(f);
@@ -307,7 +502,8 @@ int run(const Options& options) {
                                                           : "registered, no usable CUDA GPU");
 
   Module module(options.model_path, Module::LoadMode::Mmap);
-  et::Error error = module.load();
+  et::BackendOptions<1> load_option_storage;
+  et::Error error = module.load(kiln_load_options(options, &load_option_storage));
   if (error != et::Error::Ok) {
     std::fprintf(stderr, "kiln_runner: cannot load program '%s': %s\n",
                  options.model_path.c_str(), error_name(error).c_str());
@@ -335,7 +531,7 @@ int run(const Options& options) {
   std::printf("method '%s': %zu inputs, %zu outputs, delegates: %s\n", options.method.c_str(),
               meta->num_inputs(), meta->num_outputs(), backends.empty() ? "none" : backends.c_str());
 
-  error = module.load_method(options.method);
+  error = module.load_method(options.method, nullptr, nullptr, &module.backend_options());
   if (error != et::Error::Ok) {
     std::fprintf(stderr, "kiln_runner: cannot load method '%s': %s\n", options.method.c_str(),
                  error_name(error).c_str());
@@ -353,6 +549,11 @@ int run(const Options& options) {
                                                              to_scalar_type(t.dtype)));
     input_values.emplace_back(*input_tensors.back());
   }
+  if (!options.green_context_sweep.empty())
+    return run_green_context_sweep(options, module, input_values, expected);
+  std::unique_ptr<kiln::CallerStreamGuard> green_guard;  // executions on the green context
+  if (options.green_context != nullptr)
+    green_guard = std::make_unique<kiln::CallerStreamGuard>(options.green_context->stream());
 
   // execute() returns when the outputs are in host memory (the Kiln delegate
   // synchronizes), so wall time per call is the latency.
@@ -377,6 +578,7 @@ int run(const Options& options) {
   std::printf("latency over %zu runs: median %.3f ms, p10 %.3f ms, p90 %.3f ms, min %.3f ms, "
               "max %.3f ms\n", sorted.size(), percentile(sorted, 0.5), percentile(sorted, 0.1),
               percentile(sorted, 0.9), sorted.front(), sorted.back());
+  print_kiln_counters();
 
   std::vector<HostTensor> host_outputs(outputs.size());
   std::vector<bool> collected(outputs.size(), false);
@@ -453,6 +655,55 @@ int run(const Options& options) {
   return pass ? kExitOk : kExitMismatch;
 }
 
+// The 'all' ladder of --green_context_sweep: the smallest partition, doubling,
+// then the whole device (rounded down to the alignment).
+std::vector<unsigned> green_context_ladder(const kiln::tools::DeviceSmInfo& info) {
+  const unsigned align = std::max(info.alignment, 1u);
+  const unsigned top = std::max(info.sm_count / align * align, 1u);
+  std::vector<unsigned> ladder;
+  for (unsigned sms = std::max(info.min_partition, 1u); sms < top; sms *= 2) ladder.push_back(sms);
+  ladder.push_back(top);
+  return ladder;
+}
+
+// --green_context_sms=N / --green_context_sweep: checks that green contexts
+// can be made here before the model is loaded (exit 4 with the reason if not),
+// then runs with the green context's stream (or the sweep) via run().
+int run_green_context_modes(Options options) {
+  kiln::tools::DeviceSmInfo info;
+  if (std::string problem = kiln::tools::query_device_sms(&info); !problem.empty()) {
+    std::fprintf(stderr, "kiln_runner: cannot create a CUDA green context: %s\n",
+                 problem.c_str());
+    return kExitGreenContext;
+  }
+  const std::string device = "device " + std::to_string(info.ordinal) + " (" + info.name +
+                             "): " + std::to_string(info.sm_count) + " SMs, green contexts of " +
+                             std::to_string(info.min_partition) + " SMs or more in steps of " +
+                             std::to_string(info.alignment);
+  if (!options.green_context_sweep.empty()) {
+    if (options.green_context_sweep == "all")
+      options.green_context_sweep_sms = green_context_ladder(info);
+    std::printf("green context sweep on %s\n", device.c_str());
+    return run(options);
+  }
+  std::unique_ptr<kiln::tools::GreenContext> green;
+  if (std::string problem = kiln::tools::GreenContext::create(
+          static_cast<unsigned>(options.green_context_sms), &green);
+      !problem.empty()) {
+    std::fprintf(stderr, "kiln_runner: cannot create a green context of %ld SMs: %s\n",
+                 options.green_context_sms, problem.c_str());
+    return kExitGreenContext;
+  }
+  std::printf("green context: %ld SMs requested, %u SMs obtained, on %s\n",
+              options.green_context_sms, green->obtained_sms(), device.c_str());
+  options.green_context = green.get();
+  const int code = run(options);
+  if (std::string problem = green->destroy(); !problem.empty())
+    std::fprintf(stderr, "kiln_runner: warning: destroying the green context: %s\n",
+                 problem.c_str());
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -465,5 +716,9 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (options.model_path.empty()) return usage_error("--model_path is required");
+  if (options.green_context_sms > 0 && !options.green_context_sweep.empty())
+    return usage_error("--green_context_sms and --green_context_sweep cannot be combined");
+  if (options.green_context_sms > 0 || !options.green_context_sweep.empty())
+    return run_green_context_modes(options);
   return run(options);
 }
