@@ -50,18 +50,24 @@ def reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def export_one(out: Path, name: str, factory: str, model_dtype: torch.dtype, x: torch.Tensor,
-               precisions, rtol: float, manifest: list) -> None:
+               precisions, rtol: float, manifest: list, weights_of: str | None = None) -> None:
+    """`weights_of`: reuse the weights (and the saved state dict) of an
+    earlier model of the same architecture, so the GPU bundle stays small."""
     model = sample_models.build(factory).to(model_dtype).eval()
+    if weights_of is not None:
+        model.load_state_dict(torch.load(out / f"{weights_of}.state_dict.pt"))
     ep = torch.export.export(model, (x,))
     compiled = kiln.compile(ep, arg_inputs=(x,), enabled_precisions=precisions)
     pte = kiln.save(compiled, out / f"{name}.pte")
     expected = reference(model, x)
     kiln.tensor_file.save(out / f"{name}.inputs.ktensors", [x])
     kiln.tensor_file.save(out / f"{name}.expected.ktensors", [expected])
-    torch.save(model.state_dict(), out / f"{name}.state_dict.pt")
+    state_dict = f"{weights_of or name}.state_dict.pt"
+    if weights_of is None:
+        torch.save(model.state_dict(), out / state_dict)
     dtype_name = str(model_dtype).replace("torch.", "")
     manifest.append({
-        "name": name, "pte": pte.name, "state_dict": f"{name}.state_dict.pt", "factory": factory,
+        "name": name, "pte": pte.name, "state_dict": state_dict, "factory": factory,
         "model_dtype": dtype_name, "inputs": [[list(x.shape), str(x.dtype).replace("torch.", "")]],
         "rtol": rtol, "delegates": compiled.delegates,
     })
@@ -89,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     export_one(args.out, "mlp_fp16", "Mlp", torch.float16, torch.randn(args.batch, 512).half(), f16, 1e-2,
                manifest)
     export_one(args.out, "mlp_fp32_in_fp16", "Mlp", torch.float32, torch.randn(args.batch, 512), f16, 1e-2,
-               manifest)
+               manifest,
+               weights_of="mlp_fp32")
     export_one(args.out, "mlp_cumsum_fp32", "MlpWithCpuOp", torch.float32, torch.randn(args.batch, 512), f32,
                1e-5, manifest)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -155,6 +155,14 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     return CompiledProgram(manager, options, summary, exported_program)
 
 
+def _device_io_requested(backend_config: ExecutorchBackendConfig | None) -> bool:
+    """True when `backend_config` asks ExecuTorch to skip the host copies at
+    the method boundary (inputs and/or outputs stay on the GPU)."""
+    propagate = getattr(backend_config, "propagate_device_config", None)
+    return bool(propagate is not None and (getattr(propagate, "skip_h2d_for_method_inputs", False)
+                                           or getattr(propagate, "skip_d2h_for_method_outputs", False)))
+
+
 def save(
     compiled: CompiledProgram,
     path: str | os.PathLike,
@@ -198,17 +206,27 @@ def save(
         )
 
     manager = compiled.edge_program_manager
-    if use_cuda_graphs is not None and compiled.options.cuda_graphs_choice is not use_cuda_graphs:
-        announce(
-            f"kiln: re-lowering for use_cuda_graphs={use_cuda_graphs} "
-            f"(compile() had {compiled.options.cuda_graphs_choice}); pass it to kiln.compile to avoid this"
-        )
+    cuda_graphs = compiled.options.cuda_graphs_choice if use_cuda_graphs is None else use_cuda_graphs
+    # Device-resident I/O: the delegates must declare their GPU so ExecuTorch
+    # tags the method's inputs/outputs as CUDA tensors; that is decided at
+    # partitioning, so a config asking for it re-lowers.
+    device = _device_io_requested(backend_config)
+    target_device = "cuda:0" if device else compiled.options.target_device
+    if cuda_graphs is not compiled.options.cuda_graphs_choice or target_device != compiled.options.target_device:
+        reasons = []
+        if cuda_graphs is not compiled.options.cuda_graphs_choice:
+            reasons.append(f"use_cuda_graphs={use_cuda_graphs} (compile() had {compiled.options.cuda_graphs_choice}; "
+                           "pass it to kiln.compile to avoid this)")
+        if target_device != compiled.options.target_device:
+            reasons.append("inputs and outputs on the GPU (backend_config skips the method-boundary copies)")
+        announce("kiln: re-lowering for " + " and ".join(reasons))
         options = validate_options(
             enabled_precisions=set(compiled.options.enabled_precisions),
             min_block_size=compiled.options.min_block_size,
             target_sms=compiled.options.target_sms,
-            use_cuda_graphs=use_cuda_graphs,
+            use_cuda_graphs=cuda_graphs,
             emit_ptx=compiled.options.emit_ptx,
+            target_device=target_device,
         )
         manager, _ = lower(compiled.exported_program, options)
 

@@ -7,6 +7,7 @@ ASCII strings that are also readable when inspecting a .pte.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -34,6 +35,10 @@ class KilnOptions:
     target_sms: tuple[int, ...] = DEFAULT_TARGET_SMS
     use_cuda_graphs: int = -1  # -1: no choice baked in, 0: off, 1: on
     emit_ptx: bool = True
+    # "" keeps the delegate's inputs and outputs on the host; "cuda:0" tells
+    # ExecuTorch (its PropagateDevicePass reads the "target_device" compile
+    # spec) that they live on that GPU, for device-resident programs.
+    target_device: str = ""
 
     # ---- compile specs ---------------------------------------------------
     def to_compile_specs(self) -> list[CompileSpec]:
@@ -43,7 +48,7 @@ class KilnOptions:
             CompileSpec("use_cuda_graphs", str(self.use_cuda_graphs).encode()),
             CompileSpec("min_block_size", str(self.min_block_size).encode()),
             CompileSpec("emit_ptx", b"1" if self.emit_ptx else b"0"),
-        ]
+        ] + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else [])
 
     @staticmethod
     def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
@@ -62,6 +67,8 @@ class KilnOptions:
                 values["min_block_size"] = int(text)
             elif spec.key == "emit_ptx":
                 values["emit_ptx"] = text == "1"
+            elif spec.key == "target_device":
+                values["target_device"] = text
             else:
                 raise ValueError(f"KilnBackend: unknown compile spec key {spec.key!r}")
         return validate_options(
@@ -72,6 +79,7 @@ class KilnOptions:
                 values.get("use_cuda_graphs", -1), "bad"
             ),
             emit_ptx=values.get("emit_ptx", True),
+            target_device=values.get("target_device", ""),
         )
 
     # ---- for messages and summaries -------------------------------------
@@ -108,6 +116,7 @@ def validate_options(
     target_sms: Any = DEFAULT_TARGET_SMS,
     use_cuda_graphs: Any = None,
     emit_ptx: Any = True,
+    target_device: Any = "",
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument."""
@@ -161,10 +170,13 @@ def validate_options(
     if not isinstance(emit_ptx, bool):
         raise TypeError(f"emit_ptx: expected a bool, got {type(emit_ptx).__name__}")
 
+    if not isinstance(target_device, str) or (target_device and not re.fullmatch(r"cuda:\d+", target_device)):
+        raise ValueError(f"target_device: expected '' (host I/O) or 'cuda:N', got {target_device!r}")
     return KilnOptions(
         enabled_precisions=precisions,
         min_block_size=min_block_size,
         target_sms=tuple(sorted(set(sms))),
         use_cuda_graphs=cuda_graphs,
         emit_ptx=emit_ptx,
+        target_device=target_device,
     )

@@ -41,7 +41,37 @@ def main():
                          "model_dtype": str(dtype).replace("torch.", ""), "rtol": rtol,
                          "inputs": [[list(t.shape), str(dtype).replace("torch.", "")] for t in inputs],
                          "delegates": compiled.delegates})
+    manifest.append(export_device_resident(args.out))
     (args.out / "manifest_ops.json").write_text(json.dumps(manifest, indent=1))
+
+
+def export_device_resident(out: Path) -> dict:
+    """The sample MLP exported with its inputs and outputs on the GPU: the GPU
+    test runs it with kiln_runner --device_io=true and expects no host copies."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.propagate_device_config import PropagateDeviceConfig
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import sample_models
+
+    name = "mlp_fp32_device_io"
+    kwargs = {"in_features": 256, "hidden": 512, "out_features": 32}  # small: the carried bundle is size-limited
+    model = sample_models.Mlp(**kwargs).eval()
+    x = torch.randn(8, 256)
+    config = ExecutorchBackendConfig(
+        propagate_device_config=PropagateDeviceConfig(skip_h2d_for_method_inputs=True,
+                                                      skip_d2h_for_method_outputs=True),
+        enable_non_cpu_memory_planning=True,
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, alloc_graph_output=False))
+    compiled = kiln.compile(torch.export.export(model, (x,)), arg_inputs=(x,))
+    kiln.save(compiled, out / f"{name}.pte", backend_config=config)
+    torch.save(model.state_dict(), out / f"{name}.state_dict.pt")
+    return {"name": name, "pte": f"{name}.pte", "state_dict": f"{name}.state_dict.pt", "module": "sample_models",
+            "factory": "Mlp", "kwargs": kwargs, "model_dtype": "float32", "rtol": 1e-5,
+            "inputs": [[[8, 256], "float32"]],
+            "delegates": compiled.delegates, "runner_args": ["--device_io=true"],
+            "expect_output": "0 host-to-device copies, 0 device-to-host copies"}
 
 
 if __name__ == "__main__":

@@ -75,11 +75,12 @@ def check_model(entry, models_dir, runner, work, log, trials):
         tensor_file.save(inp, [t.cpu() for t in inputs])
         tensor_file.save(exp, [t.cpu() for t in expected])
         proc = run([runner, f"--model_path={models_dir / entry['pte']}", f"--inputs={inp}", f"--expected={exp}", f"--rtol={entry['rtol']}",
-                    "--num_runs=100", "--warmup=10"], log)
+                    "--num_runs=100", "--warmup=10", *entry.get("runner_args", [])], log)
         errors = re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)
         if len(errors) > 4:  # many outputs: report the worst
             errors = [max(errors, key=lambda e: float(e))]
-        results.append({"seed": seed, "ok": proc.returncode == 0, "rel_err": errors, "median_ms": median_ms(proc.stdout)})
+        ok = proc.returncode == 0 and entry.get("expect_output", "") in proc.stdout
+        results.append({"seed": seed, "ok": ok, "rel_err": errors, "median_ms": median_ms(proc.stdout)})
     return results
 
 

@@ -24,6 +24,7 @@
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "device_io.h"
 #include "green_context.h"
 #include "kiln/caller_stream.h"
 #include "tensor_file.h"
@@ -71,6 +72,12 @@ tensors, prints its latency and checks its outputs.
                         green context of that many SMs and print a table of
                         latency by SM count; 'all': a ladder from the device's
                         smallest partition, doubling, up to the whole device
+  --device_io=true|false
+                        for programs exported with inputs and outputs on the
+                        GPU (kiln.save(..., backend_config=...)): inputs are
+                        uploaded once, outputs are CUDA buffers given to
+                        Module::set_output; execute() copies nothing to or
+                        from the host
   --use_cuda_graphs=true|false
                         load option for KilnBackend: record each engine's
                         launches once and replay them as a CUDA graph (wins
@@ -95,6 +102,7 @@ struct Options {
   uint64_t seed = 0;
   bool help = false;
   std::string use_cuda_graphs;  // "", "true" or "false" (--use_cuda_graphs)
+  bool device_io = false;       // --device_io: inputs and outputs in CUDA memory
   long green_context_sms = 0;                  // 0: ordinary stream
   std::string green_context_sweep;             // the flag's text; "" = no sweep
   std::vector<unsigned> green_context_sweep_sms;  // sizes; "all" resolved in main
@@ -186,6 +194,10 @@ std::string parse_flags(int argc, char** argv, Options* options) {
       if (value.empty() || *end != '\0' || errno != 0)
         return "--seed must be a non-negative integer, got '" + value + "'";
       options->has_seed = true;
+    } else if (name == "device_io") {
+      if (value != "true" && value != "false")
+        return "--device_io must be true or false, got '" + value + "'";
+      options->device_io = value == "true";
     } else if (name == "use_cuda_graphs") {
       if (value != "true" && value != "false")
         return "--use_cuda_graphs must be true or false, got '" + value + "'";
@@ -362,14 +374,12 @@ bool collect_output(size_t i, const et::EValue& value, HostTensor* out) {
                 et::toString(t.scalar_type()));
     return false;
   }
-  if (t.device_type() != executorch::aten::DeviceType::CPU) {
-    std::printf("output %zu: %s in CUDA device memory; kiln_runner reads host outputs only\n",
-                i, kiln::tools::describe_tensor(out->dtype, shape).c_str());
+  out->shape = std::move(shape);
+  std::string error = kiln::tools::copy_to_host(t, &out->data);  // host or CUDA memory
+  if (!error.empty()) {
+    std::printf("output %zu: cannot read it: %s\n", i, error.c_str());
     return false;
   }
-  out->shape = std::move(shape);
-  const auto* data = static_cast<const uint8_t*>(t.const_data_ptr());
-  out->data.assign(data, data + t.nbytes());
   return true;
 }
 
@@ -543,7 +553,17 @@ int run(const Options& options) {
   if (int code = prepare_inputs(*meta, options, &given, &inputs); code != kExitOk) return code;
   std::vector<executorch::extension::TensorPtr> input_tensors;
   std::vector<et::EValue> input_values;
+  kiln::tools::DeviceIo device_io;  // --device_io: inputs/outputs in CUDA memory
+  if (options.device_io) {
+    std::string why = device_io.prepare(module, options.method, inputs);
+    if (!why.empty()) {
+      std::fprintf(stderr, "kiln_runner: --device_io: %s\n", why.c_str());
+      return kExitLoad;
+    }
+    input_values = device_io.input_values();
+  }
   for (HostTensor& t : inputs) {
+    if (options.device_io) break;
     std::vector<executorch::aten::SizesType> sizes(t.shape.begin(), t.shape.end());
     input_tensors.push_back(executorch::extension::from_blob(t.data.data(), std::move(sizes),
                                                              to_scalar_type(t.dtype)));
@@ -563,6 +583,9 @@ int run(const Options& options) {
   for (long r = 0; r < total_runs; ++r) {
     const auto start = std::chrono::steady_clock::now();
     auto result = module.execute(options.method, input_values);
+    // With device-resident outputs the delegate does not wait for the GPU:
+    // wait here so the time covers the work.
+    if (options.device_io) kiln::tools::synchronize_device();
     const auto stop = std::chrono::steady_clock::now();
     if (!result.ok()) {
       std::fprintf(stderr, "kiln_runner: execute failed on run %ld: %s\n", r + 1,
