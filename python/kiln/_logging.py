@@ -1,5 +1,9 @@
 """Kiln's user-visible messages: the "kiln" logger at INFO, and stderr, so
-they show up in a plain script without any logging configuration."""
+they show up in a plain script without any logging configuration.
+
+Export prints, in order: the partitioner's plan (one line), then per
+partition "compiling partition i/N: K nodes" followed by the compiler's own
+lines, then one final summary with the engine sizes."""
 
 from __future__ import annotations
 
@@ -13,3 +17,32 @@ def announce(line: str) -> None:
     """Logs `line` (already prefixed "kiln: ") and prints it to stderr."""
     logger.info("%s", line)
     print(line, file=sys.stderr, flush=True)
+
+
+class LoweringProgress:
+    """Counts the partitions of one lowering. The partitioner calls start()
+    with its summary; ExecuTorch then calls KilnBackend.preprocess once per
+    partition, in tag order, which calls partition() and engine()."""
+
+    def __init__(self) -> None:
+        self._summary = None  # a PartitionSummary while a lowering is running
+        self._started = 0
+        self._engine_bytes: list[int] = []
+
+    def start(self, summary) -> None:
+        self._summary, self._started, self._engine_bytes = summary, 0, []
+
+    def partition(self, nodes: int) -> None:
+        self._started += 1
+        of = f"/{self._summary.partitions}" if self._summary is not None else ""
+        announce(f"kiln: compiling partition {self._started}{of}: {nodes} node{'' if nodes == 1 else 's'}")
+
+    def engine(self, size: int) -> None:
+        self._engine_bytes.append(size)
+        summary = self._summary
+        if summary is not None and len(self._engine_bytes) == summary.partitions:
+            announce(summary.final_line(self._engine_bytes))
+            self._summary = None
+
+
+progress = LoweringProgress()

@@ -15,7 +15,8 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from ._logging import announce
+from . import _fx_nodes
+from ._logging import announce, progress
 from ._native import native
 from ._options import KilnOptions
 from .graph_builder import build_graph
@@ -33,6 +34,11 @@ class KilnBackend(BackendDetails):
         edge_program: ExportedProgram, compile_specs: List[CompileSpec]
     ) -> PreprocessResult:
         options = KilnOptions.from_compile_specs(compile_specs)
+        nodes = sum(
+            1 for n in edge_program.graph.nodes
+            if n.op == "call_function" and not _fx_nodes.is_getitem(n)
+        )
+        progress.partition(nodes)
         graph = build_graph(edge_program)
         logger.debug("kiln: partition graph:\n%s", graph.describe())
         engine = native().compile(
@@ -43,4 +49,6 @@ class KilnBackend(BackendDetails):
             use_cuda_graphs=options.use_cuda_graphs,
             progress=_progress,
         )
-        return PreprocessResult(processed_bytes=bytes(engine))
+        engine = bytes(engine)
+        progress.engine(len(engine))
+        return PreprocessResult(processed_bytes=engine)

@@ -2,7 +2,12 @@
 parsed and validated in full (checksums included) on the way, so this is also
 the check that a .pte is intact.
 
-    python -m kiln inspect model.pte [--json]
+    kiln inspect model.pte [--json]        (or: python -m kiln inspect ...)
+
+Per method: its delegates in order. Per Kiln engine: the SMs it carries code
+for, the options baked in, its inputs and outputs, each step (fused op group
+label, GEMM shape or kernel launch shape), and the memory plan (arena size,
+each arena tensor's offset and size, weights). Exit status 1 on any problem.
 """
 
 from __future__ import annotations
@@ -14,37 +19,69 @@ from pathlib import Path
 
 from ._native import native
 
+KILN_BACKENDS = ("KilnBackend",)
 
-def delegate_blobs(data: bytes) -> list[dict]:
+
+def delegate_blobs(data: bytes, path: Path | str = "<bytes>") -> list[dict]:
     """One dict per delegate call in the program: method, backend id, compile
-    specs and the processed blob."""
+    specs and the processed blob. Raises ValueError if `data` does not parse."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
-    program = deserialize_pte_binary(data).program
-    out = []
-    for plan in program.execution_plan:
-        for delegate in plan.delegates:
-            out.append({
-                "method": plan.name,
-                "backend": delegate.id,
-                "compile_specs": {s.key: bytes(s.value).decode(errors="replace") for s in delegate.compile_specs},
-                "blob": bytes(program.backend_delegate_data[delegate.processed.index].data),
-            })
+    try:
+        program = deserialize_pte_binary(data).program
+        out = []
+        for plan in program.execution_plan:
+            for delegate in plan.delegates:
+                out.append({
+                    "method": plan.name,
+                    "backend": delegate.id,
+                    "compile_specs": {s.key: bytes(s.value).decode(errors="replace")
+                                      for s in delegate.compile_specs},
+                    "blob": bytes(program.backend_delegate_data[delegate.processed.index].data),
+                })
+    except Exception as e:  # flatbuffer parsing fails in many ways on bad bytes
+        raise ValueError(
+            f"{path}: not a readable ExecuTorch program (truncated or corrupt: {type(e).__name__}: {e})"
+        ) from None
     return out
+
+
+def _tensor(info: dict, index: int) -> dict:
+    t = info["tensors"][index]
+    return {"index": index, "name": t["name"], "dtype": t["dtype"], "shape": t["shape"],
+            "offset": t["offset"], "nbytes": t["nbytes"]}
+
+
+def _summarize(engine: dict) -> None:
+    """Adds the derived views (code SMs, I/O, memory plan) to an engine dict."""
+    modules = engine["modules"]
+    engine["sms"] = sorted({sm for m in modules for sm in m["sms"]})
+    engine["ptx_sms"] = sorted({m["ptx_sm"] for m in modules if m.get("ptx_sm")})
+    engine["io"] = {"inputs": [_tensor(engine, i) for i in engine["inputs"]],
+                    "outputs": [_tensor(engine, i) for i in engine["outputs"]]}
+    arena = [_tensor(engine, i) for i, t in enumerate(engine["tensors"]) if t["storage"] == "arena"]
+    weights = [t for t in engine["tensors"] if t["storage"] == "weight"]
+    engine["memory_plan"] = {
+        "arena_bytes": engine["arena_bytes"],
+        "arena_tensors": sorted(arena, key=lambda t: (t["offset"], t["index"])),
+        "weights_bytes": engine["weights_bytes"],
+        "weight_tensors": len(weights),
+    }
 
 
 def inspect_pte(path: str | Path) -> dict:
     """A JSON-ready description of the program at `path`. Raises ValueError
-    naming the file and the delegate when a Kiln engine is corrupt."""
+    naming the file (and the delegate) when it is not a valid Kiln program,
+    OSError when it cannot be read."""
     path = Path(path)
     data = path.read_bytes()
-    if data[4:8] != b"ET12":
+    if len(data) < 8 or data[4:8] != b"ET12":
         raise ValueError(f"{path}: not an ExecuTorch program (no 'ET12' identifier at bytes 4..8)")
     methods: dict[str, list[str]] = {}
     engines = []
-    for index, d in enumerate(delegate_blobs(data)):
+    for index, d in enumerate(delegate_blobs(data, path)):
         methods.setdefault(d["method"], []).append(d["backend"])
-        if d["backend"] != "KilnBackend":
+        if d["backend"] not in KILN_BACKENDS:
             continue
         try:
             engine = native().inspect_engine(d["blob"])
@@ -52,30 +89,59 @@ def inspect_pte(path: str | Path) -> dict:
             raise ValueError(f"{path}: delegate {index} ({d['backend']} in '{d['method']}'): {e}") from None
         for m in engine["modules"]:
             m.pop("source", None)
-        engine.update(method=d["method"], delegate_index=index, bytes=len(d["blob"]),
-                      compile_specs=d["compile_specs"])
+        engine.update(method=d["method"], delegate_index=index, backend=d["backend"],
+                      bytes=len(d["blob"]), compile_specs=d["compile_specs"])
+        _summarize(engine)
         engines.append(engine)
     return {"file": str(path), "bytes": len(data), "delegates": methods, "engines": engines}
 
 
-def _describe(info: dict) -> str:
-    lines = [f"{info['file']}: {info['bytes']:,} bytes"]
+def _shape(t: dict) -> str:
+    return f"{t['dtype']} [{', '.join(map(str, t['shape']))}]"
+
+
+def _step_line(number: int, s: dict) -> str:
+    if s["kind"] == "gemm":
+        return f"    {number:>3} gemm   {s['label']:<24} m={s['m']} n={s['n']} k={s['k']} epilogue={s['epilogue']}"
+    grid = "x".join(map(str, s["grid"]))
+    block = "x".join(map(str, s["block"]))
+    smem = f" smem={s['shared_bytes']}" if s.get("shared_bytes") else ""
+    return f"    {number:>3} kernel {s['label']:<24} {s['function']} grid={grid} block={block}{smem}"
+
+
+def _describe_engine(e: dict) -> list[str]:
+    code = ", ".join(f"sm_{s}" for s in e["sms"]) or "none (library GEMMs only)"
+    code += "".join(f" + PTX compute_{p}" for p in e["ptx_sms"])
+    meta = dict(e["metadata"])
+    meta.setdefault("use_cuda_graphs", "not baked (runtime decides)")
+    plan = e["memory_plan"]
+    lines = [
+        f"engine {e['delegate_index']} ({e['backend']} in '{e['method']}'): {e['bytes']:,} bytes",
+        f"  code for: {code}",
+        "  options baked in: " + ", ".join(f"{k}={v}" for k, v in sorted(meta.items())),
+        "  compile specs: " + ", ".join(f"{k}={v}" for k, v in sorted(e["compile_specs"].items())),
+    ]
+    for kind in ("inputs", "outputs"):
+        for i, t in enumerate(e["io"][kind]):
+            lines.append(f"  {kind[:-1]} {i}: {t['name']} {_shape(t)}")
+    lines.append(f"  steps ({len(e['steps'])}; label = the fused op group):")
+    lines += [_step_line(n, s) for n, s in enumerate(e["steps"], 1)]
+    lines.append(f"  memory plan: arena {plan['arena_bytes']:,} B, weights {plan['weights_bytes']:,} B "
+                 f"in {plan['weight_tensors']} tensors")
+    for t in plan["arena_tensors"]:
+        lines.append(f"    arena offset {t['offset']:>10,} size {t['nbytes']:>10,}  {t['name']} {_shape(t)}")
+    return lines
+
+
+def describe(info: dict) -> str:
+    """The human-readable report of an inspect_pte() result."""
+    lines = [f"{info['file']}: {info['bytes']:,} bytes, {len(info['delegates'])} method(s) with delegates"]
     for method, backends in info["delegates"].items():
-        lines.append(f"method '{method}': delegates {backends}")
+        lines.append(f"method '{method}': {len(backends)} delegate(s) {backends}")
+    if not info["delegates"]:
+        lines.append("no delegates: everything runs on ExecuTorch's CPU kernels")
     for e in info["engines"]:
-        sms = sorted({sm for m in e["modules"] for sm in m["sms"]})
-        ptx = sorted({m["ptx_sm"] for m in e["modules"] if m.get("ptx_sm")})
-        meta = e["metadata"]
-        lines.append(
-            f"engine {e['delegate_index']} ({e['method']}): {e['bytes']:,} bytes, precision {meta.get('precision')}, "
-            f"weights {e['weights_bytes']:,} B, arena {e['arena_bytes']:,} B, code for "
-            f"{', '.join(f'sm_{s}' for s in sms) or 'no kernels'}{''.join(f' + PTX compute_{p}' for p in ptx)}, "
-            f"use_cuda_graphs {meta.get('use_cuda_graphs', 'not baked')}")
-        for s in e["steps"]:
-            if s["kind"] == "gemm":
-                lines.append(f"  gemm   {s['label']:<20} m={s['m']} n={s['n']} k={s['k']} epilogue={s['epilogue']}")
-            else:
-                lines.append(f"  kernel {s['label']:<20} {s['function']} grid={s['grid']} block={s['block']}")
+        lines += _describe_engine(e)
     return "\n".join(lines)
 
 
@@ -89,5 +155,5 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"kiln inspect: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(info, indent=1) if args.json else _describe(info))
+    print(json.dumps(info, indent=1) if args.json else describe(info))
     return 0

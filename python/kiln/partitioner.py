@@ -24,7 +24,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import _fx_nodes
-from ._logging import announce
+from ._logging import announce, progress
 from ._native import native
 from ._options import KilnOptions, validate_options
 from .backend import KilnBackend  # noqa: F401 - registers the backend class
@@ -47,21 +47,34 @@ class PartitionSummary:
     def ops_left(self) -> int:
         return sum(self.ops_on_cpu.values())
 
-    def line(self) -> str:
-        def plural(n: int, word: str) -> str:
-            return f"{n} {word}{'' if n == 1 else 's'}"
-
-        text = (
-            f"kiln: {plural(self.partitions, 'partition')}, "
-            f"{plural(self.ops_taken, 'op')} taken by {BACKEND_ID}, "
-            f"{plural(self.ops_left, 'op')} left to the CPU"
+    def _counts(self) -> str:
+        return (
+            f"{_plural(self.partitions, 'partition')}, "
+            f"{_plural(self.ops_taken, 'op')} taken by {BACKEND_ID}, "
+            f"{_plural(self.ops_left, 'op')} left to the CPU"
         )
-        if self.ops_on_cpu:
-            text += ": " + ", ".join(
-                name if count == 1 else f"{name} (x{count})"
-                for name, count in sorted(self.ops_on_cpu.items())
-            )
-        return text
+
+    def _cpu_ops(self) -> str:
+        return ", ".join(
+            name if count == 1 else f"{name} (x{count})"
+            for name, count in sorted(self.ops_on_cpu.items())
+        )
+
+    def line(self) -> str:
+        """The plan, printed when partitioning is done."""
+        text = f"kiln: {self._counts()}"
+        return text + f": {self._cpu_ops()}" if self.ops_on_cpu else text
+
+    def final_line(self, engine_bytes: list[int]) -> str:
+        """The one-line result, printed after the last engine is compiled."""
+        cpu = f" ({self._cpu_ops()})" if self.ops_on_cpu else ""
+        sizes = " + ".join(f"{n:,}" for n in engine_bytes)
+        total = f" = {sum(engine_bytes):,}" if len(engine_bytes) > 1 else ""
+        return f"kiln: done: {self._counts()}{cpu}; engines {sizes}{total} bytes"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def query_support(
@@ -193,6 +206,7 @@ class KilnPartitioner(Partitioner):
         self._log_refusals(support, cpu_ops)
         self.last_summary = summary
         announce(summary.line())
+        progress.start(summary)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
         )

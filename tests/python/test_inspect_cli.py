@@ -1,0 +1,102 @@
+"""`kiln inspect model.pte [--json]`: the report, the JSON and the errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _helpers import CumsumMLP, engines_in_pte, export
+
+pytestmark = pytest.mark.needs_compiler
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pte(tmp_path_factory) -> Path:
+    import kiln
+
+    torch.manual_seed(0)
+    compiled = kiln.compile(export(CumsumMLP(), torch.randn(4, 64)), use_cuda_graphs=False)
+    return kiln.save(compiled, tmp_path_factory.mktemp("inspect") / "cumsum.pte")
+
+
+def inspect(*args) -> tuple[int, str, str]:
+    environ = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    result = subprocess.run([sys.executable, "-m", "kiln", "inspect", *map(str, args)],
+                            capture_output=True, text=True, env=environ, timeout=300)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_report(pte):
+    code, out, err = inspect(pte)
+    assert code == 0, err
+    assert "method 'forward': 2 delegate(s) ['KilnBackend', 'KilnBackend']" in out
+    assert out.count("engine ") == 2
+    assert "code for: none (library GEMMs only)" in out
+    assert "code for: sm_87, sm_90 + PTX compute_90" in out
+    assert "use_cuda_graphs=false" in out and "precision=float32" in out
+    assert "input 0: x float32 [4, 64]" in out
+    assert "gemm   linear" in out and "m=4 n=32 k=64" in out  # fc1's GEMM
+    assert "kernel sigmoid" in out and "grid=" in out and "block=" in out
+    assert "memory plan: arena" in out and "arena offset" in out
+
+
+def test_json_for_machines(pte):
+    code, out, err = inspect(pte, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["delegates"] == {"forward": ["KilnBackend", "KilnBackend"]}
+    first, second = info["engines"]
+    # relu(fc1) is one cuBLASLt GEMM (no generated code); sigmoid(fc2) needs a kernel.
+    assert first["sms"] == [] and first["ptx_sms"] == []
+    assert second["sms"] == [87, 90] and second["ptx_sms"] == [90]
+    assert first["metadata"]["use_cuda_graphs"] == "false"
+    assert first["compile_specs"]["target_sms"] == "87,90"
+    assert [t["shape"] for t in first["io"]["inputs"]] == [[4, 64]]
+    assert [t["shape"] for t in second["io"]["outputs"]] == [[4, 16]]
+    for engine in info["engines"]:
+        plan = engine["memory_plan"]
+        assert plan["weights_bytes"] > 0 and plan["weight_tensors"] == 2
+        for t in plan["arena_tensors"]:
+            assert 0 <= t["offset"] and t["offset"] + t["nbytes"] <= plan["arena_bytes"]
+        labels = [s["label"] for s in engine["steps"]]
+        assert labels and all(labels)
+
+
+def test_corrupt_files_give_one_clear_error(pte, tmp_path, capsys):
+    from kiln.inspect import main
+
+    data = pte.read_bytes()
+    _, _, blob = engines_in_pte(data)[0]
+    flipped = bytearray(data)
+    flipped[data.index(blob) + len(blob) // 2] ^= 0xFF  # inside the first engine
+    cases = {
+        "random.pte": (os.urandom(4096), "not an ExecuTorch program"),
+        "empty.pte": (b"", "not an ExecuTorch program"),
+        "truncated.pte": (data[: len(data) // 3], "not a readable ExecuTorch program"),
+        "flipped.pte": (bytes(flipped), "delegate 0 (KilnBackend in 'forward')"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert main([str(path)]) == 1, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"kiln inspect: {path}"), err
+        assert message in err, (name, err)
+        assert "Traceback" not in err
+    assert main([str(tmp_path / "missing.pte")]) == 1
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_command_line_errors():
+    code, _, err = inspect(ROOT / "nonexistent.pte")
+    assert code == 1 and "kiln inspect:" in err and "Traceback" not in err
+    environ = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    usage = subprocess.run([sys.executable, "-m", "kiln"], capture_output=True, text=True, env=environ)
+    assert usage.returncode == 2 and "usage: kiln inspect" in usage.stderr
