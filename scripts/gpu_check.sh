@@ -30,4 +30,15 @@ if [ -x build-gpu/tests/cpp/kiln_runtime_features_test ]; then
   build-gpu/tools/kiln_runner/kiln_runner --model_path="$bundle/models/mlp_fp32.pte" \
     --use_cuda_graphs=true --num_runs=200 2>&1 | grep -E "latency|counters|Error" || true
 fi
-[ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ]
+# The CMake package as a user consumes it: install, build the example app out
+# of tree (with the caller-stream guard), run it on the GPU.
+app_failed=0
+cmake --install build-gpu --prefix /tmp/kiln-install --component kiln_runtime >"$out/install.log" 2>&1 &&
+  cmake -S examples/cpp_module_app -B /tmp/kiln-app -G Ninja -DAPP_USE_CALLER_STREAM=ON \
+    -DCMAKE_PREFIX_PATH="$PWD/$bundle/executorch_sdk;/tmp/kiln-install" >"$out/app.log" 2>&1 &&
+  cmake --build /tmp/kiln-app >>"$out/app.log" 2>&1 || { echo "FAIL  consumer app did not build"; tail -20 "$out/app.log"; app_failed=1; }
+if [ "$app_failed" = 0 ]; then
+  /tmp/kiln-app/cpp_module_app "$bundle/models/mlp_fp32.pte" && echo "PASS  installed package: consumer app ran mlp_fp32 on the GPU" ||
+    { echo "FAIL  consumer app exit $?"; app_failed=1; }
+fi
+[ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ]
