@@ -142,7 +142,14 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         added for the newest so newer GPUs can JIT it.
       use_cuda_graphs: baked into the engines; None leaves it to the runtime.
     """
-    check_exported_program(exported_program, "kiln.compile")
+    return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
+                      target_sms, use_cuda_graphs)
+
+
+def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
+               use_cuda_graphs) -> CompiledProgram:
+    """kiln.compile's body; `caller` names the public function in errors."""
+    check_exported_program(exported_program, caller)
     options = validate_options(
         enabled_precisions=enabled_precisions,
         min_block_size=min_block_size,

@@ -10,8 +10,8 @@ import torch
 from executorch.exir import EdgeProgramManager
 from torch.export import ExportedProgram
 
-from ._compile import check_arg_inputs, check_exported_program, lower
-from ._options import DEFAULT_TARGET_SMS, validate_options
+from ._compile import compile_as
+from ._options import DEFAULT_TARGET_SMS
 
 
 def export(
@@ -24,14 +24,5 @@ def export(
 ) -> EdgeProgramManager:
     """Lowers `exported_program` with KilnPartitioner; same options as
     ``kiln.compile``. Returns the EdgeProgramManager."""
-    check_exported_program(exported_program, "kiln.executorch.export")
-    options = validate_options(
-        enabled_precisions=enabled_precisions,
-        min_block_size=min_block_size,
-        target_sms=target_sms,
-        use_cuda_graphs=use_cuda_graphs,
-    )
-    if arg_inputs is not None:
-        check_arg_inputs(exported_program, arg_inputs)
-    manager, _ = lower(exported_program, options)
-    return manager
+    return compile_as("kiln.executorch.export", exported_program, arg_inputs, enabled_precisions,
+                      min_block_size, target_sms, use_cuda_graphs).edge_program_manager
