@@ -16,7 +16,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
   status=0
   for pte in "$out"/*.pte; do
     name=${pte%.pte}
-    rtol=$(python3 -c "import json,sys; print({m['pte']: m['rtol'] for m in json.load(open('$out/manifest.json'))}['$(basename "$pte")'])")
+    rtol=$(python3 -c "import glob, json; print({m['pte']: m['rtol'] for f in glob.glob('$out/manifest*.json') for m in json.load(open(f))}['$(basename "$pte")'])")
     echo "== $(basename "$pte")"
     "$runner" --model_path="$pte" --inputs="$name.inputs.ktensors" --expected="$name.expected.ktensors" \
       --rtol="$rtol" --num_runs=100 || status=1
