@@ -26,6 +26,7 @@
 
 #include "device_io.h"
 #include "green_context.h"
+#include "runner_flags.h"
 #include "kiln/caller_stream.h"
 #include "tensor_file.h"
 #include "tensor_math.h"
@@ -38,179 +39,18 @@ using executorch::extension::Module;
 using kiln::engine::DType;
 using kiln::tools::HostTensor;
 
-constexpr int kExitOk = 0;
-constexpr int kExitMismatch = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitLoad = 3;
-constexpr int kExitGreenContext = 4;
+using kiln::tools::kExitGreenContext;
+using kiln::tools::kExitLoad;
+using kiln::tools::kExitMismatch;
+using kiln::tools::kExitOk;
+using kiln::tools::kExitUsage;
+using kiln::tools::kUsage;
+using kiln::tools::Options;
+using kiln::tools::parse_flags;
+using kiln::tools::parse_long;
+using kiln::tools::usage_error;
 
 constexpr const char* kKilnBackendName = "KilnBackend";
-
-constexpr const char* kUsage = R"(usage: kiln_runner --model_path=PATH [flags]
-
-Loads an ExecuTorch .pte (with Kiln delegate blobs), runs one method on host
-tensors, prints its latency and checks its outputs.
-
-  --model_path=PATH     the .pte file (required)
-  --method=NAME         method to run (default: forward)
-  --inputs=FILE         .ktensors file with the method's inputs; without it,
-                        inputs are random: floats uniform in [-1, 1),
-                        integers in [0, 16), bools 0/1
-  --seed=N              seed for random inputs (default: from std::random_device)
-  --expected=FILE       .ktensors file with reference outputs to compare with
-  --save_outputs=FILE   write the outputs of the last run to a .ktensors file
-  --num_runs=N          timed runs (default: 20)
-  --warmup=N            untimed runs first (default: 3)
-  --rtol=X              pass when ||out - ref||_2 / ||ref||_2 <= X (default by
-                        dtype: 1e-5 float32, 1e-2 float16/bfloat16); integer
-                        and bool outputs must match exactly; NaN/Inf never pass
-  --green_context_sms=N run on a stream of a CUDA green context holding N SMs
-                        (rounded to the driver's granularity; the SMs obtained
-                        are printed); 0 (default): an ordinary stream
-  --green_context_sweep=N1,N2,...|all
-                        for each size, run warmup + num_runs executions on a
-                        green context of that many SMs and print a table of
-                        latency by SM count; 'all': a ladder from the device's
-                        smallest partition, doubling, up to the whole device
-  --device_io=true|false
-                        for programs exported with inputs and outputs on the
-                        GPU (kiln.save(..., backend_config=...)): inputs are
-                        uploaded once, outputs are CUDA buffers given to
-                        Module::set_output; execute() copies nothing to or
-                        from the host
-  --use_cuda_graphs=true|false
-                        load option for KilnBackend: record each engine's
-                        launches once and replay them as a CUDA graph (wins
-                        over the engine's metadata and the process default)
-  --help                show this text
-
-exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
-            3 the model could not be loaded or run,
-            4 a green context could not be created (the message says why)
-)";
-
-struct Options {
-  std::string model_path;
-  std::string method = "forward";
-  std::string inputs;
-  std::string expected;
-  std::string save_outputs;
-  long num_runs = 20;
-  long warmup = 3;
-  double rtol = -1.0;  // < 0: by dtype
-  bool has_seed = false;
-  uint64_t seed = 0;
-  bool help = false;
-  std::string use_cuda_graphs;  // "", "true" or "false" (--use_cuda_graphs)
-  bool device_io = false;       // --device_io: inputs and outputs in CUDA memory
-  long green_context_sms = 0;                  // 0: ordinary stream
-  std::string green_context_sweep;             // the flag's text; "" = no sweep
-  std::vector<unsigned> green_context_sweep_sms;  // sizes; "all" resolved in main
-  kiln::tools::GreenContext* green_context = nullptr;  // set by run_green_context_modes
-};
-
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "kiln_runner: %s\n\n%s", message.c_str(), kUsage);
-  return kExitUsage;
-}
-
-bool parse_long(const std::string& text, long min_value, long* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || value < min_value) return false;
-  *out = value;
-  return true;
-}
-
-// --green_context_sms=N and --green_context_sweep=N1,N2,...|all; returns ""
-// or the problem.
-std::string parse_green_context_flag(const std::string& name, const std::string& value,
-                                     Options* options) {
-  if (name == "green_context_sms") {
-    if (!parse_long(value, 0, &options->green_context_sms) ||
-        options->green_context_sms > 1000000)
-      return "--green_context_sms must be an integer >= 0 (0: ordinary stream), got '" + value +
-             "'";
-    return "";
-  }
-  options->green_context_sweep = value;
-  options->green_context_sweep_sms.clear();
-  if (value == "all") return "";
-  size_t start = 0;
-  while (true) {
-    const size_t comma = value.find(',', start);
-    const std::string item = value.substr(start, comma - start);
-    long sms = 0;
-    if (!parse_long(item, 1, &sms) || sms > 1000000)
-      return "--green_context_sweep takes 'all' or a comma-separated list of SM counts >= 1, "
-             "got '" + value + "'";
-    options->green_context_sweep_sms.push_back(static_cast<unsigned>(sms));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return "";
-}
-
-// Returns an empty string on success, else the problem.
-std::string parse_flags(int argc, char** argv, Options* options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      options->help = true;
-      continue;
-    }
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos)
-      return "unrecognized argument '" + arg + "' (flags are --name=value)";
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
-    if (name == "model_path") {
-      options->model_path = value;
-    } else if (name == "method") {
-      options->method = value;
-    } else if (name == "inputs") {
-      options->inputs = value;
-    } else if (name == "expected") {
-      options->expected = value;
-    } else if (name == "save_outputs") {
-      options->save_outputs = value;
-    } else if (name == "num_runs") {
-      if (!parse_long(value, 1, &options->num_runs))
-        return "--num_runs must be an integer >= 1, got '" + value + "'";
-    } else if (name == "warmup") {
-      if (!parse_long(value, 0, &options->warmup))
-        return "--warmup must be an integer >= 0, got '" + value + "'";
-    } else if (name == "rtol") {
-      char* end = nullptr;
-      options->rtol = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(options->rtol >= 0.0))
-        return "--rtol must be a number >= 0, got '" + value + "'";
-    } else if (name == "seed") {
-      char* end = nullptr;
-      errno = 0;
-      options->seed = std::strtoull(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || errno != 0)
-        return "--seed must be a non-negative integer, got '" + value + "'";
-      options->has_seed = true;
-    } else if (name == "device_io") {
-      if (value != "true" && value != "false")
-        return "--device_io must be true or false, got '" + value + "'";
-      options->device_io = value == "true";
-    } else if (name == "use_cuda_graphs") {
-      if (value != "true" && value != "false")
-        return "--use_cuda_graphs must be true or false, got '" + value + "'";
-      options->use_cuda_graphs = value;
-    } else if (name == "green_context_sms" || name == "green_context_sweep") {
-      if (std::string problem = parse_green_context_flag(name, value, options); !problem.empty())
-        return problem;
-    } else {
-      return "unknown flag --" + name;
-    }
-  }
-  return "";
-}
 
 bool to_dtype(ScalarType type, DType* out) {
   switch (type) {
