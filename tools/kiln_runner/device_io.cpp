@@ -10,22 +10,35 @@ namespace {
 namespace et = executorch::runtime;
 using executorch::aten::ScalarType;
 
-ScalarType scalar_type_of(engine::DType dtype) {
-  switch (dtype) {
-    case engine::DType::kFloat16: return ScalarType::Half;
-    case engine::DType::kBFloat16: return ScalarType::BFloat16;
-    case engine::DType::kInt64: return ScalarType::Long;
-    case engine::DType::kInt32: return ScalarType::Int;
-    case engine::DType::kBool: return ScalarType::Bool;
-    default: return ScalarType::Float;
-  }
-}
-
 std::string cuda_error(const char* what, cudaError_t error) {
   return std::string(what) + ": " + cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")";
 }
 
 }  // namespace
+
+bool to_dtype(ScalarType type, engine::DType* out) {
+  switch (type) {
+    case ScalarType::Float: *out = engine::DType::kFloat32; return true;
+    case ScalarType::Half: *out = engine::DType::kFloat16; return true;
+    case ScalarType::BFloat16: *out = engine::DType::kBFloat16; return true;
+    case ScalarType::Long: *out = engine::DType::kInt64; return true;
+    case ScalarType::Int: *out = engine::DType::kInt32; return true;
+    case ScalarType::Bool: *out = engine::DType::kBool; return true;
+    default: return false;
+  }
+}
+
+ScalarType to_scalar_type(engine::DType dtype) {
+  switch (dtype) {
+    case engine::DType::kFloat32: return ScalarType::Float;
+    case engine::DType::kFloat16: return ScalarType::Half;
+    case engine::DType::kBFloat16: return ScalarType::BFloat16;
+    case engine::DType::kInt64: return ScalarType::Long;
+    case engine::DType::kInt32: return ScalarType::Int;
+    case engine::DType::kBool: return ScalarType::Bool;
+  }
+  return ScalarType::Float;
+}
 
 DeviceIo::~DeviceIo() {
   tensors_.clear();
@@ -53,7 +66,7 @@ std::string DeviceIo::prepare(executorch::extension::module::Module& module, con
     cudaError_t e = cudaMemcpy(p, t.data.data(), t.data.size(), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) return cuda_error("cudaMemcpy (input upload)", e);
     std::vector<executorch::aten::SizesType> sizes(t.shape.begin(), t.shape.end());
-    tensors_.push_back(executorch::extension::make_tensor_ptr(std::move(sizes), p, scalar_type_of(t.dtype), cuda));
+    tensors_.push_back(executorch::extension::make_tensor_ptr(std::move(sizes), p, to_scalar_type(t.dtype), cuda));
     input_values_.emplace_back(*tensors_.back());
   }
   et::Result<et::MethodMeta> meta = module.method_meta(method);

@@ -15,6 +15,11 @@
 
 namespace kiln::tools {
 
+// ExecuTorch ScalarType <-> engine DType for the dtypes the runner handles;
+// to_dtype is false for any other ScalarType.
+bool to_dtype(executorch::aten::ScalarType type, engine::DType* out);
+executorch::aten::ScalarType to_scalar_type(engine::DType dtype);
+
 // Owns the device buffers (freed on destruction) and the tensors over them.
 class DeviceIo {
  public:

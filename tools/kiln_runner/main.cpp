@@ -52,29 +52,8 @@ using kiln::tools::usage_error;
 
 constexpr const char* kKilnBackendName = "KilnBackend";
 
-bool to_dtype(ScalarType type, DType* out) {
-  switch (type) {
-    case ScalarType::Float: *out = DType::kFloat32; return true;
-    case ScalarType::Half: *out = DType::kFloat16; return true;
-    case ScalarType::BFloat16: *out = DType::kBFloat16; return true;
-    case ScalarType::Long: *out = DType::kInt64; return true;
-    case ScalarType::Int: *out = DType::kInt32; return true;
-    case ScalarType::Bool: *out = DType::kBool; return true;
-    default: return false;
-  }
-}
-
-ScalarType to_scalar_type(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return ScalarType::Float;
-    case DType::kFloat16: return ScalarType::Half;
-    case DType::kBFloat16: return ScalarType::BFloat16;
-    case DType::kInt64: return ScalarType::Long;
-    case DType::kInt32: return ScalarType::Int;
-    case DType::kBool: return ScalarType::Bool;
-  }
-  return ScalarType::Float;
-}
+using kiln::tools::to_dtype;
+using kiln::tools::to_scalar_type;
 
 std::string error_name(et::Error error) {
   char text[64];
