@@ -3,8 +3,8 @@
 // (compiler) and the run side (runtime) include this header, so it holds no
 // CUDA types and no ExecuTorch types.
 //
-// An engine is a launch plan: a list of steps (cuBLASLt GEMMs and generated
-// kernels) over tensors that live in one of four places: an engine input, an
+// An engine is a launch plan: a list of steps (cuBLASLt GEMMs, cuDNN
+// convolutions and generated kernels) over tensors that live in one of four places: an engine input, an
 // engine output, the activation arena (one buffer, offsets planned by tensor
 // lifetime) or the weights blob (uploaded once at load).
 #pragma once
@@ -67,7 +67,7 @@ struct KernelModule {
 };
 
 // Stable on-disk values.
-enum class StepKind : uint8_t { kGemm = 0, kKernel = 1 };
+enum class StepKind : uint8_t { kGemm = 0, kKernel = 1, kConv = 2 };
 
 enum class GemmEpilogue : uint8_t {
   kNone = 0,
@@ -80,6 +80,11 @@ enum class GemmEpilogue : uint8_t {
 // with B = b[k, n] (b_transposed == false) or b[n, k]^T (true, nn.Linear's
 // weight layout), then the epilogue. All row-major and contiguous. Operands
 // share one dtype; accumulation is fp32.
+//
+// Batched (bmm): `batch` > 1 repeats the product; matrix i of a, b, c and out
+// starts stride_* elements after matrix i-1. A stride of 0 broadcasts that
+// operand (one weight matrix for every batch entry). With batch == 1 the
+// strides are unused and written as 0.
 struct GemmStep {
   uint32_t a = kNoTensor;
   uint32_t b = kNoTensor;
@@ -92,6 +97,37 @@ struct GemmStep {
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   float alpha = 1.0f;
   float beta = 0.0f;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_out = 0;  // elements
+};
+
+// Stable on-disk values.
+enum class ConvActivation : uint8_t {
+  kNone = 0,
+  kRelu = 1,
+};
+
+// A 2-D convolution through cuDNN, channels-last (NHWC) throughout:
+//   out[n, p, q, k] = act(conv(x, w)[n, p, q, k] + bias[k] + z[n, p, q, k])
+// x: [n, h, w, c]; w: [k, r, s, c / groups] (OHWI); bias: [k] or kNoTensor;
+// z: [n, p, q, k] residual addend or kNoTensor; out: [n, p, q, k].
+// All tensors share one dtype (float32, float16 or bfloat16); cuDNN
+// accumulates in fp32. Depthwise is groups == c == k.
+// p = (h + 2*pad_h - dilation_h*(r-1) - 1) / stride_h + 1, likewise q.
+struct ConvStep {
+  uint32_t x = kNoTensor;
+  uint32_t w = kNoTensor;
+  uint32_t bias = kNoTensor;
+  uint32_t z = kNoTensor;
+  uint32_t out = kNoTensor;
+  int64_t n = 0, h = 0, w_in = 0, c = 0;  // input extents (w_in: input width)
+  int64_t k = 0, r = 0, s = 0;            // output channels, filter height/width
+  int64_t p = 0, q = 0;                   // output height/width
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+  ConvActivation activation = ConvActivation::kNone;
 };
 
 enum class KernelArgKind : uint8_t {
@@ -121,6 +157,7 @@ struct Step {
   std::string label;  // the fused op group, e.g. "addmm+gelu"; for inspect/logs
   GemmStep gemm;      // valid when kind == kGemm
   KernelStep kernel;  // valid when kind == kKernel
+  ConvStep conv;      // valid when kind == kConv
 };
 
 struct EngineDesc {
