@@ -42,12 +42,16 @@ write_basic_package_version_file(
 # first beside itself, then where the wheel layout puts ExecuTorch
 # (site-packages/executorch/lib), then the ExecuTorch and CUDA it was built
 # with. Inside Python the already loaded libexecutorch.so is reused by soname.
+# cuDNN likewise: the pip package's place beside the wheel
+# (site-packages/nvidia/cudnn/lib), then the cuDNN it was built with.
 file(REAL_PATH "${EXECUTORCH_RUNTIME_LIBRARY_DIR}" _kiln_et_libdir)
 set(_kiln_install_rpath
   "$ORIGIN"
   "$ORIGIN/../../executorch/lib"
+  "$ORIGIN/../../nvidia/cudnn/lib"
   "${_kiln_et_libdir}"
-  "${CUDAToolkit_LIBRARY_DIR}")
+  "${CUDAToolkit_LIBRARY_DIR}"
+  "${KILN_CUDNN_LIBRARY_DIR}")
 set_target_properties(executorch_backend_kiln kiln_caller_stream PROPERTIES
   INSTALL_RPATH "${_kiln_install_rpath}")
 

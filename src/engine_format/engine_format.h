@@ -23,8 +23,9 @@ namespace kiln::engine {
 
 constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
 // Bump when the layout changes; the reader refuses other versions with
-// kIncompatible.
-constexpr uint32_t kEngineFormatVersion = 1;
+// kIncompatible (re-export the model with this Kiln). Version 2: batched
+// GEMM fields and conv steps.
+constexpr uint32_t kEngineFormatVersion = 2;
 
 // Serializes `desc`. Fails (kInvalidArgument) when `desc` is inconsistent,
 // e.g. an index out of range, so a bad engine is never written.

@@ -9,6 +9,7 @@
 // the bytes left before anything is allocated.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "engine_format/byte_io.h"
 #include "engine_format/engine_format.h"
@@ -25,9 +26,10 @@ constexpr size_t kMinTensorBytes = 4 + 1 + 1 + 1 + 4 + 8 + 8;
 constexpr size_t kMinModuleBytes = 4 + 4 + 4 + 4 + 4;
 constexpr size_t kMinCubinBytes = 4 + 4;
 constexpr size_t kMinKernelBytes = 4 + 4 + 12 + 12 + 4 + 4;
-constexpr size_t kMinGemmBytes = 5 * 4 + 3 * 8 + 2 + 2 * 4;
-constexpr size_t kMinStepBytes = 1 + 4 + (kMinKernelBytes < kMinGemmBytes ? kMinKernelBytes
-                                                                           : kMinGemmBytes);
+constexpr size_t kMinGemmBytes = 5 * 4 + 3 * 8 + 2 + 2 * 4 + 5 * 8;
+constexpr size_t kMinConvBytes = 5 * 4 + 16 * 8 + 1;
+constexpr size_t kMinStepBytes =
+    1 + 4 + std::min({kMinKernelBytes, kMinGemmBytes, kMinConvBytes});
 constexpr size_t kMinArgBytes = 1 + 4;
 
 Status parse_meta(ByteReader& r, EngineDesc* desc) {
@@ -119,6 +121,32 @@ Status parse_gemm(ByteReader& r, uint32_t i, GemmStep* g) {
   g->epilogue = static_cast<GemmEpilogue>(epilogue);
   KILN_READ_OR_RETURN(r.read_f32(&g->alpha), "step %u gemm alpha", i);
   KILN_READ_OR_RETURN(r.read_f32(&g->beta), "step %u gemm beta", i);
+  KILN_READ_OR_RETURN(r.read_i64(&g->batch), "step %u gemm batch", i);
+  KILN_READ_OR_RETURN(r.read_i64(&g->stride_a), "step %u gemm stride_a", i);
+  KILN_READ_OR_RETURN(r.read_i64(&g->stride_b), "step %u gemm stride_b", i);
+  KILN_READ_OR_RETURN(r.read_i64(&g->stride_c), "step %u gemm stride_c", i);
+  KILN_READ_OR_RETURN(r.read_i64(&g->stride_out), "step %u gemm stride_out", i);
+  return Status::ok();
+}
+
+Status parse_conv(ByteReader& r, uint32_t i, ConvStep* c) {
+  const std::pair<const char*, uint32_t*> tensors[] = {
+      {"x", &c->x}, {"w", &c->w}, {"bias", &c->bias}, {"z", &c->z}, {"out", &c->out}};
+  for (const auto& t : tensors)
+    KILN_READ_OR_RETURN(r.read_u32(t.second), "step %u conv %s", i, t.first);
+  const std::pair<const char*, int64_t*> fields[] = {
+      {"n", &c->n},           {"h", &c->h},           {"w_in", &c->w_in},
+      {"c", &c->c},           {"k", &c->k},           {"r", &c->r},
+      {"s", &c->s},           {"p", &c->p},           {"q", &c->q},
+      {"pad_h", &c->pad_h},   {"pad_w", &c->pad_w},   {"stride_h", &c->stride_h},
+      {"stride_w", &c->stride_w}, {"dilation_h", &c->dilation_h},
+      {"dilation_w", &c->dilation_w}, {"groups", &c->groups}};
+  for (const auto& f : fields)
+    KILN_READ_OR_RETURN(r.read_i64(f.second), "step %u conv %s", i, f.first);
+  uint8_t activation = 0;
+  KILN_READ_OR_RETURN(r.read_u8(&activation), "step %u conv activation", i);
+  // Range-checked by validate_engine, like the GEMM epilogue.
+  c->activation = static_cast<ConvActivation>(activation);
   return Status::ok();
 }
 
@@ -174,6 +202,9 @@ Status parse_steps(ByteReader& r, EngineDesc* desc) {
     } else if (kind == static_cast<uint8_t>(StepKind::kKernel)) {
       s.kind = StepKind::kKernel;
       KILN_RETURN_IF_ERROR(parse_kernel(r, i, &s.kernel));
+    } else if (kind == static_cast<uint8_t>(StepKind::kConv)) {
+      s.kind = StepKind::kConv;
+      KILN_RETURN_IF_ERROR(parse_conv(r, i, &s.conv));
     } else {
       return make_status(StatusCode::kCorruptData, "step %u: unknown kind %u", i,
                          static_cast<unsigned>(kind));
@@ -209,8 +240,11 @@ Status parse_container(const uint8_t* p, size_t size,
   uint32_t version = load_le32(p + layout::kVersionOffset);
   if (version != kEngineFormatVersion)
     return make_status(StatusCode::kIncompatible,
-                       "engine format version %u, this runtime reads version %u", version,
-                       kEngineFormatVersion);
+                       "engine format version %u, this runtime reads version %u (%s)", version,
+                       kEngineFormatVersion,
+                       version < kEngineFormatVersion
+                           ? "the engine is older: re-export the model with this Kiln"
+                           : "the engine is newer: update the Kiln runtime");
   if (size < layout::kHeaderSize)
     return make_status(StatusCode::kCorruptData,
                        "truncated: %zu bytes is smaller than the %zu-byte engine header", size,

@@ -15,6 +15,7 @@
 
 #include "engine_format/byte_io.h"
 #include "engine_format/engine_format.h"
+#include "engine_format/engine_validate_internal.h"
 
 namespace kiln::engine {
 namespace {
@@ -25,16 +26,6 @@ constexpr uint32_t kMaxBlockDim[3] = {1024, 1024, 64};
 constexpr uint32_t kMaxGridDim[3] = {0x7fffffffu, 65535, 65535};
 constexpr uint64_t kWeightAlignment = 256;
 
-Status invalid(const char* format, ...) __attribute__((format(printf, 1, 2)));
-
-Status invalid(const char* format, ...) {
-  va_list args;
-  va_start(args, format);
-  char buffer[512];
-  int n = std::vsnprintf(buffer, sizeof(buffer), format, args);
-  va_end(args);
-  return Status(StatusCode::kInvalidArgument, n < 0 ? std::string("invalid engine") : buffer);
-}
 
 class Validator {
  public:
@@ -59,8 +50,10 @@ class Validator {
   }
   std::string step_label(uint32_t i) const {
     const Step& s = desc_.steps[i];
-    return "step " + std::to_string(i) + " (" +
-           (s.kind == StepKind::kGemm ? "gemm" : "kernel") + " '" + s.label + "')";
+    const char* kind = s.kind == StepKind::kGemm   ? "gemm"
+                       : s.kind == StepKind::kConv ? "conv"
+                                                   : "kernel";
+    return "step " + std::to_string(i) + " (" + kind + " '" + s.label + "')";
   }
 
   Status check_counts() const {
@@ -211,6 +204,68 @@ class Validator {
     return Status::ok();
   }
 
+  // Batched form of check_matrix: `batch` matrices of rows x cols, matrix j
+  // starting j * stride elements into the tensor (stride 0 broadcasts one
+  // matrix). Every matrix the strides reach must lie inside the tensor.
+  Status check_batched_matrix(uint32_t step, const char* role, uint32_t index, int64_t rows,
+                              int64_t cols, int64_t batch, int64_t stride) const {
+    if (batch == 1) return check_matrix(step, role, index, rows, cols, true);
+    int64_t one = 0, offset = 0, span = 0;
+    if (!checked_mul(rows, cols, &one) || !checked_mul(batch - 1, stride, &offset) ||
+        __builtin_add_overflow(offset, one, &span))
+      return invalid("%s: %s extent (batch %lld, stride %lld) overflows int64",
+                     step_label(step).c_str(), role, static_cast<long long>(batch),
+                     static_cast<long long>(stride));
+    const TensorDesc& t = desc_.tensors[index];
+    if (span > numel_[index])
+      return invalid("%s: %s %s has %lld elements, but %lld matrices of [%lld, %lld] %lld "
+                     "elements apart reach %lld",
+                     step_label(step).c_str(), role, tensor_label(index).c_str(),
+                     static_cast<long long>(numel_[index]), static_cast<long long>(batch),
+                     static_cast<long long>(rows), static_cast<long long>(cols),
+                     static_cast<long long>(stride), static_cast<long long>(span));
+    if (!t.shape.empty() && t.shape.back() != cols)
+      return invalid("%s: %s %s has last dim %lld, expected %lld", step_label(step).c_str(), role,
+                     tensor_label(index).c_str(), static_cast<long long>(t.shape.back()),
+                     static_cast<long long>(cols));
+    return Status::ok();
+  }
+
+  // batch / stride_* consistency, before the operands are measured with them.
+  Status check_gemm_batch(uint32_t i) const {
+    const GemmStep& g = desc_.steps[i].gemm;
+    std::string label = step_label(i);
+    // cuBLASLt takes the batch count as an int32.
+    if (g.batch < 1 || g.batch > std::numeric_limits<int32_t>::max())
+      return invalid("%s: batch %lld must be 1..%d", label.c_str(),
+                     static_cast<long long>(g.batch), std::numeric_limits<int32_t>::max());
+    const std::pair<const char*, int64_t> strides[] = {{"stride_a", g.stride_a},
+                                                       {"stride_b", g.stride_b},
+                                                       {"stride_c", g.stride_c},
+                                                       {"stride_out", g.stride_out}};
+    for (const auto& st : strides) {
+      if (g.batch == 1 && st.second != 0)
+        return invalid("%s: %s is %lld but batch is 1 (strides must be 0 then)", label.c_str(),
+                       st.first, static_cast<long long>(st.second));
+      if (st.second < 0)
+        return invalid("%s: %s %lld is negative", label.c_str(), st.first,
+                       static_cast<long long>(st.second));
+    }
+    if (g.batch > 1) {
+      // Output matrices must not overlap: they are written concurrently.
+      int64_t one = 0;
+      if (!checked_mul(g.m, g.n, &one) || g.stride_out < one)
+        return invalid("%s: stride_out %lld is smaller than one [%lld, %lld] output matrix "
+                       "(outputs would overlap)",
+                       label.c_str(), static_cast<long long>(g.stride_out),
+                       static_cast<long long>(g.m), static_cast<long long>(g.n));
+      if (g.c == kNoTensor && g.stride_c != 0)
+        return invalid("%s: stride_c %lld set but there is no c", label.c_str(),
+                       static_cast<long long>(g.stride_c));
+    }
+    return Status::ok();
+  }
+
   Status check_gemm(uint32_t i) const {
     const GemmStep& g = desc_.steps[i].gemm;
     std::string label = step_label(i);
@@ -234,14 +289,19 @@ class Validator {
     if (uses_bias) KILN_RETURN_IF_ERROR(check_tensor_ref(i, "gemm bias", g.bias));
     if (g.c != kNoTensor) KILN_RETURN_IF_ERROR(check_tensor_ref(i, "gemm c", g.c));
 
-    KILN_RETURN_IF_ERROR(check_matrix(i, "gemm a", g.a, g.m, g.k, true));
-    KILN_RETURN_IF_ERROR(check_matrix(i, "gemm out", g.out, g.m, g.n, true));
+    KILN_RETURN_IF_ERROR(check_gemm_batch(i));
+    const int64_t batch = g.batch;
+    KILN_RETURN_IF_ERROR(check_batched_matrix(i, "gemm a", g.a, g.m, g.k, batch, g.stride_a));
+    KILN_RETURN_IF_ERROR(
+        check_batched_matrix(i, "gemm out", g.out, g.m, g.n, batch, g.stride_out));
     if (g.b_transposed)
-      KILN_RETURN_IF_ERROR(check_matrix(i, "gemm b", g.b, g.n, g.k, true));
+      KILN_RETURN_IF_ERROR(check_batched_matrix(i, "gemm b", g.b, g.n, g.k, batch, g.stride_b));
     else
-      KILN_RETURN_IF_ERROR(check_matrix(i, "gemm b", g.b, g.k, g.n, true));
+      KILN_RETURN_IF_ERROR(check_batched_matrix(i, "gemm b", g.b, g.k, g.n, batch, g.stride_b));
+    // One bias vector serves every batch entry.
     if (uses_bias) KILN_RETURN_IF_ERROR(check_matrix(i, "gemm bias", g.bias, 1, g.n, true));
-    if (g.c != kNoTensor) KILN_RETURN_IF_ERROR(check_matrix(i, "gemm c", g.c, g.m, g.n, true));
+    if (g.c != kNoTensor)
+      KILN_RETURN_IF_ERROR(check_batched_matrix(i, "gemm c", g.c, g.m, g.n, batch, g.stride_c));
 
     DType dtype = desc_.tensors[g.a].dtype;
     const std::pair<const char*, uint32_t> operands[] = {
@@ -296,6 +356,7 @@ class Validator {
     const Step& s = desc_.steps[i];
     if (s.kind == StepKind::kGemm) return check_gemm(i);
     if (s.kind == StepKind::kKernel) return check_kernel(i);
+    if (s.kind == StepKind::kConv) return check_conv(desc_, i, step_label(i));
     return invalid("step %u '%s': kind %u out of range", i, s.label.c_str(),
                    static_cast<unsigned>(s.kind));
   }
@@ -305,6 +366,15 @@ class Validator {
 };
 
 }  // namespace
+
+Status invalid(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  char buffer[512];
+  int n = std::vsnprintf(buffer, sizeof(buffer), format, args);
+  va_end(args);
+  return Status(StatusCode::kInvalidArgument, n < 0 ? std::string("invalid engine") : buffer);
+}
 
 Status validate_engine(const EngineDesc& desc) { return Validator(desc).run(); }
 

@@ -1,12 +1,13 @@
 // Engine serialization: EngineDesc -> bytes.
 //
-// On-disk layout, format version 1. All integers little-endian; "str" is a
+// On-disk layout, format version 2 (version 2 added batched GEMMs and conv
+// steps; version 1 files are refused, see engine_format.h). All integers little-endian; "str" is a
 // u32 byte length followed by that many bytes (no terminator); "bytes" the
 // same for binary data.
 //
 // FileHeader, 32 bytes at offset 0:
 //   0  u8[8] magic "KILNENG\0"
-//   8  u32   format version (1)
+//   8  u32   format version (2)
 //   12 u32   section count (always 6)
 //   16 u64   total size of the engine in bytes
 //   24 u32   flags (0)
@@ -30,9 +31,13 @@
 //   3   | io      | u32 n; u32 inputs[n]; u32 m; u32 outputs[m]
 //   4   | modules | u32 n; n x {str name; u32 ptx_sm; str ptx; str source;
 //       |         |   u32 c; c x {u32 sm; bytes image}}
-//   5   | steps   | u32 n; n x {u8 kind; str label; gemm or kernel fields}
+//   5   | steps   | u32 n; n x {u8 kind; str label; gemm, kernel or conv fields}
 //       |         |   gemm:   u32 a, b, bias, c, out; i64 m, n, k;
-//       |         |           u8 b_transposed; u8 epilogue; f32 alpha, beta
+//       |         |           u8 b_transposed; u8 epilogue; f32 alpha, beta;
+//       |         |           i64 batch, stride_a, stride_b, stride_c, stride_out
+//       |         |   conv:   u32 x, w, bias, z, out; i64 n, h, w_in, c, k, r, s,
+//       |         |           p, q, pad_h, pad_w, stride_h, stride_w,
+//       |         |           dilation_h, dilation_w, groups; u8 activation
 //       |         |   kernel: u32 module; str function; u32 grid[3];
 //       |         |           u32 block[3]; u32 shared_bytes; u32 a;
 //       |         |           a x {u8 kind; u32 tensor | i64 | f32}
@@ -112,6 +117,19 @@ void write_gemm(const GemmStep& g, ByteWriter* w) {
   w->put_u8(static_cast<uint8_t>(g.epilogue));
   w->put_f32(g.alpha);
   w->put_f32(g.beta);
+  w->put_i64(g.batch);
+  w->put_i64(g.stride_a);
+  w->put_i64(g.stride_b);
+  w->put_i64(g.stride_c);
+  w->put_i64(g.stride_out);
+}
+
+void write_conv(const ConvStep& c, ByteWriter* w) {
+  for (uint32_t t : {c.x, c.w, c.bias, c.z, c.out}) w->put_u32(t);
+  for (int64_t v : {c.n, c.h, c.w_in, c.c, c.k, c.r, c.s, c.p, c.q, c.pad_h, c.pad_w,
+                    c.stride_h, c.stride_w, c.dilation_h, c.dilation_w, c.groups})
+    w->put_i64(v);
+  w->put_u8(static_cast<uint8_t>(c.activation));
 }
 
 void write_kernel(const KernelStep& k, ByteWriter* w) {
@@ -136,10 +154,11 @@ void write_steps(const EngineDesc& desc, ByteWriter* w) {
   for (const Step& s : desc.steps) {
     w->put_u8(static_cast<uint8_t>(s.kind));
     w->put_string(s.label);
-    if (s.kind == StepKind::kGemm)
-      write_gemm(s.gemm, w);
-    else
-      write_kernel(s.kernel, w);
+    switch (s.kind) {  // validated: one of the three
+      case StepKind::kGemm: write_gemm(s.gemm, w); break;
+      case StepKind::kKernel: write_kernel(s.kernel, w); break;
+      case StepKind::kConv: write_conv(s.conv, w); break;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cudnn.h>
 #include <cuda_runtime_api.h>
 
 #include "common/status.h"
@@ -15,6 +16,7 @@ namespace kiln::runtime {
 // kInternal.
 StatusCode cuda_error_code(cudaError_t error);
 StatusCode cublas_error_code(cublasStatus_t status);
+StatusCode cudnn_error_code(cudnnStatus_t status);
 
 // "<call> failed (file.cpp:123): cudaErrorMemoryAllocation: out of memory".
 // Also clears the runtime's last-error slot so a later cudaGetLastError check
@@ -22,6 +24,7 @@ StatusCode cublas_error_code(cublasStatus_t status);
 Status cuda_error_status(cudaError_t error, const char* call, const char* file, int line);
 Status cublas_error_status(cublasStatus_t status, const char* call, const char* file,
                            int line);
+Status cudnn_error_status(cudnnStatus_t status, const char* call, const char* file, int line);
 
 }  // namespace kiln::runtime
 
@@ -42,4 +45,13 @@ Status cublas_error_status(cublasStatus_t status, const char* call, const char* 
     if (kiln_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                \
       return ::kiln::runtime::cublas_error_status(kiln_cublas_status_, #expr, __FILE__, \
                                                   __LINE__);                         \
+  } while (0)
+
+// Same for a cudnnStatus_t.
+#define KILN_CUDNN_RETURN_IF_ERROR(expr)                                            \
+  do {                                                                              \
+    const cudnnStatus_t kiln_cudnn_status_ = (expr);                                \
+    if (kiln_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                 \
+      return ::kiln::runtime::cudnn_error_status(kiln_cudnn_status_, #expr, __FILE__, \
+                                                 __LINE__);                         \
   } while (0)

@@ -22,19 +22,16 @@ using engine::StepKind;
 using engine::StorageKind;
 using engine::TensorDesc;
 
-namespace {
-
-// cudaMalloc returns 256-byte aligned memory; nothing needs more.
-constexpr uint64_t kMaxAlignment = 256;
-
-// Alignment of a tensor's device address: engine inputs/outputs get buffers of
-// their own, arena and weight tensors sit at `offset` from an aligned base.
 uint32_t address_alignment(const TensorDesc& t) {
+  // cudaMalloc returns 256-byte aligned memory; nothing needs more.
+  constexpr uint64_t kMaxAlignment = 256;
   if (t.storage == StorageKind::kInput || t.storage == StorageKind::kOutput || t.offset == 0)
     return kMaxAlignment;
   uint64_t lowest_bit = t.offset & (~t.offset + 1);
   return static_cast<uint32_t>(std::min(lowest_bit, kMaxAlignment));
 }
+
+namespace {
 
 Result<cudaDataType_t> gemm_data_type(DType dtype) {
   switch (dtype) {
@@ -140,6 +137,16 @@ const char* kernel_arg_name(KernelArgKind kind) {
   return "?";
 }
 
+// Makes `layout` a strided batch of `batch` matrices `stride` elements apart.
+Status set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
+  const int32_t count = static_cast<int32_t>(batch);  // validated <= INT32_MAX
+  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  return Status::ok();
+}
+
 // Destroys a preference descriptor on every path out of plan_gemm.
 struct PreferenceGuard {
   cublasLtMatmulPreference_t pref = nullptr;
@@ -168,11 +175,13 @@ Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device) {
   e->device_ = std::move(info);
   e->kernels_.resize(e->desc_.steps.size());
   e->gemms_.resize(e->desc_.steps.size());
+  e->convs_.resize(e->desc_.steps.size());
   // On any failure below `e` is destroyed, which frees what was made so far.
   KILN_RETURN_IF_ERROR(e->load_modules());
   KILN_RETURN_IF_ERROR(e->resolve_kernels());
   KILN_RETURN_IF_ERROR(e->upload_weights());
   KILN_RETURN_IF_ERROR(e->plan_gemms());
+  KILN_RETURN_IF_ERROR(e->plan_convs());
   return Result<std::unique_ptr<Engine>>(std::move(e));
 }
 
@@ -182,7 +191,10 @@ Engine::~Engine() {
     if (p.layout_a != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_a);
     if (p.layout_b != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_b);
     if (p.layout_d != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_d);
+    if (p.layout_c != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_c);
   }
+  for (ConvPlan& p : convs_) destroy_conv_plan(&p);
+  if (zero_bias_ != nullptr) (void)cudaFree(zero_bias_);
   if (cublas_ != nullptr) (void)cublasLtDestroy(cublas_);
   if (weights_ != nullptr) (void)cudaFree(weights_);
   for (cudaLibrary_t lib : libraries_) (void)cudaLibraryUnload(lib);
@@ -395,6 +407,16 @@ Status Engine::plan_gemm(size_t step) {
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_b, type, k, m, k));
   // out (and c) are row-major [m, n] == column-major n x m.
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_d, type, n, m, n));
+  if (g.batch > 1) {
+    // Strided batch; a stride of 0 makes every batch entry read one matrix.
+    KILN_RETURN_IF_ERROR(set_batch(plan.layout_a, g.batch, g.stride_b));
+    KILN_RETURN_IF_ERROR(set_batch(plan.layout_b, g.batch, g.stride_a));
+    KILN_RETURN_IF_ERROR(set_batch(plan.layout_d, g.batch, g.stride_out));
+    if (has_c) {
+      KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_c, type, n, m, n));
+      KILN_RETURN_IF_ERROR(set_batch(plan.layout_c, g.batch, g.stride_c));
+    }
+  }
 
   PreferenceGuard guard;
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&guard.pref));
@@ -422,7 +444,7 @@ Status Engine::plan_gemm(size_t step) {
   std::memset(results, 0, sizeof(results));
   int returned = 0;
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
-      cublas_, plan.op, plan.layout_a, plan.layout_b, plan.layout_d, plan.layout_d, guard.pref,
+      cublas_, plan.op, plan.layout_a, plan.layout_b, plan.c_layout(), plan.layout_d, guard.pref,
       kRequested, results, &returned));
   for (int r = 0; r < returned; ++r) {
     if (results[r].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -434,10 +456,13 @@ Status Engine::plan_gemm(size_t step) {
   }
   return make_status(StatusCode::kUnsupported,
                      "cuBLASLt has no algorithm for %s m=%lld n=%lld k=%lld b_transposed=%d "
-                     "epilogue=%u on sm_%d",
+                     "epilogue=%u batch=%lld (strides a=%lld b=%lld c=%lld out=%lld) on sm_%d",
                      engine::dtype_name(a.dtype), static_cast<long long>(g.m),
                      static_cast<long long>(g.n), static_cast<long long>(g.k),
-                     g.b_transposed ? 1 : 0, static_cast<unsigned>(g.epilogue), device_.sm);
+                     g.b_transposed ? 1 : 0, static_cast<unsigned>(g.epilogue),
+                     static_cast<long long>(g.batch), static_cast<long long>(g.stride_a),
+                     static_cast<long long>(g.stride_b), static_cast<long long>(g.stride_c),
+                     static_cast<long long>(g.stride_out), device_.sm);
 }
 
 Result<cublasLtMatmulDesc_t> Engine::create_matmul_desc(size_t step, const void* bias) const {

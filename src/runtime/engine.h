@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "engine_format/engine_desc.h"
+#include "runtime/conv_plan.h"
 #include "runtime/device.h"
 
 namespace kiln::runtime {
@@ -42,6 +43,8 @@ struct GemmPlan {
   cublasLtMatrixLayout_t layout_a = nullptr;  // GemmStep::b
   cublasLtMatrixLayout_t layout_b = nullptr;  // GemmStep::a
   cublasLtMatrixLayout_t layout_d = nullptr;  // out, and c when present
+  // c of a batched GEMM (its own batch stride); null: c uses layout_d.
+  cublasLtMatrixLayout_t layout_c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace_bytes = 0;
   float alpha = 1.0f;
@@ -50,6 +53,8 @@ struct GemmPlan {
   // `op` then carries a placeholder with the same alignment and each context
   // makes its own descriptor with create_matmul_desc().
   bool op_has_bias = true;
+
+  cublasLtMatrixLayout_t c_layout() const { return layout_c != nullptr ? layout_c : layout_d; }
 };
 
 class Engine {
@@ -79,14 +84,18 @@ class Engine {
   // Device base of the uploaded weights blob (nullptr when it is empty).
   const void* weights() const { return weights_; }
   size_t weights_bytes() const { return weights_bytes_; }
-  // The largest cuBLASLt workspace any planned GEMM needs.
+  // The largest workspace any planned GEMM or conv needs. Steps run one after
+  // another on one stream, so a context allocates one buffer of this size.
   size_t workspace_bytes() const { return workspace_bytes_; }
   // nullptr when the engine has no GEMM step.
   cublasLtHandle_t cublas() const { return cublas_; }
+  // True when a step runs through cuDNN (a context then makes a cuDNN handle).
+  bool has_convs() const { return has_convs_; }
 
-  // Valid for kernel / GEMM steps respectively.
+  // Valid for kernel / GEMM / conv steps respectively.
   const KernelPlan& kernel_plan(size_t step) const { return kernels_[step]; }
   const GemmPlan& gemm_plan(size_t step) const { return gemms_[step]; }
+  const ConvPlan& conv_plan(size_t step) const { return convs_[step]; }
 
   // A matmul descriptor equal to gemm_plan(step).op but with `bias` as its
   // bias pointer. The caller owns it (cublasLtMatmulDescDestroy).
@@ -99,17 +108,26 @@ class Engine {
   Status upload_weights();
   Status plan_gemms();
   Status plan_gemm(size_t step);
+  Status plan_convs();  // engine_conv.cpp
 
   engine::EngineDesc desc_;
   DeviceInfo device_;
   std::vector<cudaLibrary_t> libraries_;  // one per module
   std::vector<KernelPlan> kernels_;       // per step
   std::vector<GemmPlan> gemms_;           // per step
+  std::vector<ConvPlan> convs_;           // per step
+  bool has_convs_ = false;
+  void* zero_bias_ = nullptr;             // zeros for fused convs without a bias
   void* weights_ = nullptr;
   size_t weights_bytes_ = 0;
   size_t workspace_bytes_ = 0;
   cublasLtHandle_t cublas_ = nullptr;
 };
+
+// Byte alignment (<= 256) of a tensor's device address: engine inputs and
+// outputs have buffers of their own, arena and weight tensors sit at
+// `offset` from a 256-byte aligned base.
+uint32_t address_alignment(const engine::TensorDesc& t);
 
 // "step 3 ('addmm+gelu')", for messages.
 std::string step_label(const engine::EngineDesc& desc, size_t step);

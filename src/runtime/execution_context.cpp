@@ -72,6 +72,7 @@ ExecutionContext::~ExecutionContext() {
   graph_.reset();
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   for (cublasLtMatmulDesc_t op : owned_ops_) (void)cublasLtMatmulDescDestroy(op);
+  if (cudnn_ != nullptr) (void)cudnnDestroy(cudnn_);
   for (void* p : input_device_)
     if (p != nullptr) (void)cudaFree(p);
   for (void* p : output_device_)
@@ -97,7 +98,11 @@ Status ExecutionContext::allocate_buffers() {
     device_bytes_ += arena_bytes;
     bound_arena_ = arena_;
   }
+  // One workspace for GEMMs and convs: steps run one at a time on one stream.
   workspace_bytes_ = engine_->workspace_bytes();
+  // Made here, not at the first run: cudnnCreate allocates, which a CUDA
+  // graph capture must not see.
+  if (engine_->has_convs()) KILN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_));
   if (workspace_bytes_ > 0) {
     KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
     device_bytes_ += workspace_bytes_;
@@ -157,6 +162,7 @@ Status ExecutionContext::prepare_steps() {
   arg_pointers_.assign(total_args, nullptr);
   kernel_calls_.assign(desc.steps.size(), KernelCall{});
   gemm_calls_.assign(desc.steps.size(), GemmCall{});
+  conv_calls_.assign(desc.steps.size(), ConvCall{});
 
   // Records where `*slot` came from when it can move (not a weight).
   auto bind = [&](uint32_t tensor, void** slot, cublasLtMatmulDesc_t bias_op) {
@@ -211,6 +217,22 @@ Status ExecutionContext::prepare_steps() {
         arg_pointers_[next_arg] = &slot;
         ++next_arg;
       }
+    } else if (step.kind == StepKind::kConv) {
+      const engine::ConvStep& c = step.conv;
+      ConvCall& call = conv_calls_[i];
+      call.plan = &engine_->conv_plan(i);
+      // Bindings store void**; the read-only operands are kept as const void*.
+      auto set = [&](uint32_t tensor, const void** slot) {
+        if (tensor == engine::kNoTensor) return;
+        *slot = tensor_address(tensor);
+        bind(tensor, const_cast<void**>(slot), nullptr);
+      };
+      set(c.x, &call.ops.x);
+      set(c.w, &call.ops.w);
+      set(c.bias, &call.ops.bias);
+      set(c.z, &call.ops.z);
+      call.ops.out = tensor_address(c.out);
+      bind(c.out, &call.ops.out, nullptr);
     } else {
       const engine::GemmStep& g = step.gemm;
       const GemmPlan& plan = engine_->gemm_plan(i);
@@ -291,11 +313,20 @@ Status ExecutionContext::run_step(size_t step, cudaStream_t stream) {
     KILN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return Status::ok();
   }
+  if (engine_->desc().steps[step].kind == StepKind::kConv) {
+    if (!cudnn_stream_set_ || cudnn_stream_ != stream) {
+      KILN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream));
+      cudnn_stream_ = stream;
+      cudnn_stream_set_ = true;
+    }
+    const ConvCall& call = conv_calls_[step];
+    return enqueue_conv(cudnn_, *call.plan, call.ops, workspace_, call.plan->workspace_bytes);
+  }
   const GemmCall& call = gemm_calls_[step];
   const GemmPlan& plan = *call.plan;
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
       engine_->cublas(), call.op, &plan.alpha, call.a, plan.layout_a, call.b, plan.layout_b,
-      &plan.beta, call.c, plan.layout_d, call.d, plan.layout_d, &plan.algo, workspace_,
+      &plan.beta, call.c, plan.c_layout(), call.d, plan.layout_d, &plan.algo, workspace_,
       workspace_bytes_, stream));
   return Status::ok();
 }

@@ -12,6 +12,7 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+#include <cudnn.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -124,6 +125,10 @@ class ExecutionContext {
     void* c = nullptr;
     void* d = nullptr;
   };
+  struct ConvCall {
+    const ConvPlan* plan = nullptr;
+    ConvOperands ops;  // the pointers are rebound like a GEMM's
+  };
   // An address that depends on where an input, output or the arena lives:
   // rebind() rewrites `*slot` (or the bias of `bias_op`) when that moves.
   enum class Base : uint8_t { kInput, kOutput, kArena };
@@ -163,6 +168,12 @@ class ExecutionContext {
   std::vector<void*> arg_pointers_;     // arg_pointers_[j] == &arg_slots_[j]
   std::vector<KernelCall> kernel_calls_;  // per step
   std::vector<GemmCall> gemm_calls_;      // per step
+  std::vector<ConvCall> conv_calls_;      // per step
+  // One cuDNN handle per context (a handle must not be used by two threads
+  // at once); bound to the stream of the current run when it changes.
+  cudnnHandle_t cudnn_ = nullptr;
+  cudaStream_t cudnn_stream_ = nullptr;
+  bool cudnn_stream_set_ = false;
   std::vector<cublasLtMatmulDesc_t> owned_ops_;
   std::vector<Binding> bindings_;
   // Where the bindings point now (device addresses actually used by the steps).

@@ -540,7 +540,10 @@ TEST(EngineFormat, SpecificCorruptionMessages) {
   put32(newer, L::kVersionOffset, kEngineFormatVersion + 1);
   r = parse_exact(newer, newer.size());
   EXPECT_EQ(r.status().code(), StatusCode::kIncompatible);
-  EXPECT_MESSAGE_HAS(r.status(), "engine format version 2, this runtime reads version 1");
+  EXPECT_MESSAGE_HAS(r.status(), "engine format version " + std::to_string(kEngineFormatVersion + 1) +
+                                     ", this runtime reads version " +
+                                     std::to_string(kEngineFormatVersion));
+  EXPECT_MESSAGE_HAS(r.status(), "update the Kiln runtime");
 
   auto weights = b;
   SectionSpan w = find_section(b, L::SectionKind::kWeights);

@@ -26,3 +26,14 @@ endif()
 add_executable(kiln_engine_cache_tests engine_cache_test.cpp)
 target_link_libraries(kiln_engine_cache_tests PRIVATE kiln_runtime GTest::gtest_main)
 gtest_discover_tests(kiln_engine_cache_tests)
+
+# Engine format v2: conv steps and batched GEMMs (no GPU needed).
+add_executable(kiln_engine_format_conv_tests engine_format_conv_test.cpp)
+target_link_libraries(kiln_engine_format_conv_tests PRIVATE kiln_engine_format GTest::gtest_main)
+gtest_discover_tests(kiln_engine_format_conv_tests)
+
+# Conv algorithm cache key/file format (no GPU), plus conv and batched-GEMM
+# engines against CPU references (skipped, with the reason, without a GPU).
+add_executable(kiln_runtime_conv_tests runtime_conv_test.cpp)
+target_link_libraries(kiln_runtime_conv_tests PRIVATE kiln_runtime GTest::gtest_main)
+gtest_discover_tests(kiln_runtime_conv_tests)
