@@ -8,7 +8,9 @@
 namespace kiln::runtime {
 namespace {
 
-constexpr const char* kFileHeader = "# kiln conv algorithm cache v1: key algo fused math ms";
+constexpr const char* kFileHeader =
+    "# kiln algorithm cache v1: conv1/ lines: key algo fused math ms; "
+    "gemm1/ lines: key workspace ms algo-words(8, hex)";
 
 void append_int(std::string* out, int64_t v) { *out += std::to_string(v); }
 
@@ -134,18 +136,18 @@ bool parse_cache_line(const std::string& line, std::string* key, ConvAlgoChoice*
   return true;
 }
 
-ConvAlgoCache::ConvAlgoCache(std::string path) : path_(std::move(path)) {}
+AlgoCache::AlgoCache(std::string path) : path_(std::move(path)) {}
 
-ConvAlgoCache& ConvAlgoCache::global() {
+AlgoCache& AlgoCache::global() {
   // Leaked on purpose: engines may be destroyed during static destruction.
-  static ConvAlgoCache* cache = [] {
+  static AlgoCache* cache = [] {
     const char* env = std::getenv("KILN_ALGO_CACHE");
-    return new ConvAlgoCache(env != nullptr ? env : "");
+    return new AlgoCache(env != nullptr ? env : "");
   }();
   return *cache;
 }
 
-void ConvAlgoCache::load_file_locked() {
+void AlgoCache::load_file_locked() {
   if (loaded_) return;
   loaded_ = true;
   if (path_.empty()) return;
@@ -161,14 +163,19 @@ void ConvAlgoCache::load_file_locked() {
       line.pop_back();
     }
     std::string key;
-    ConvAlgoChoice choice;
-    if (parse_cache_line(line, &key, &choice)) entries_[key] = choice;
+    if (is_gemm_cache_key(line)) {
+      GemmAlgoChoice choice;
+      if (parse_gemm_cache_line(line, &key, &choice)) gemm_entries_[key] = choice;
+    } else {
+      ConvAlgoChoice choice;
+      if (parse_cache_line(line, &key, &choice)) entries_[key] = choice;
+    }
     line.clear();
   }
   std::fclose(f);
 }
 
-bool ConvAlgoCache::lookup(const std::string& key, ConvAlgoChoice* choice) {
+bool AlgoCache::lookup(const std::string& key, ConvAlgoChoice* choice) {
   std::lock_guard<std::mutex> lock(mutex_);
   load_file_locked();
   auto it = entries_.find(key);
@@ -177,29 +184,50 @@ bool ConvAlgoCache::lookup(const std::string& key, ConvAlgoChoice* choice) {
   return true;
 }
 
-void ConvAlgoCache::insert(const std::string& key, const ConvAlgoChoice& choice) {
+bool AlgoCache::lookup(const std::string& key, GemmAlgoChoice* choice) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  load_file_locked();
+  auto it = gemm_entries_.find(key);
+  if (it == gemm_entries_.end()) return false;
+  *choice = it->second;
+  return true;
+}
+
+void AlgoCache::insert(const std::string& key, const ConvAlgoChoice& choice) {
   std::lock_guard<std::mutex> lock(mutex_);
   load_file_locked();
   entries_[key] = choice;
+  append_line_locked(format_cache_line(key, choice));
+}
+
+void AlgoCache::insert(const std::string& key, const GemmAlgoChoice& choice) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  load_file_locked();
+  gemm_entries_[key] = choice;
+  append_line_locked(format_gemm_cache_line(key, choice));
+}
+
+void AlgoCache::append_line_locked(const std::string& line) {
   if (path_.empty()) return;
   std::FILE* f = std::fopen(path_.c_str(), "a");
   if (f == nullptr) return;
   // A new file gets a header saying what it is.
   std::fseek(f, 0, SEEK_END);
   if (std::ftell(f) == 0) std::fprintf(f, "%s\n", kFileHeader);
-  std::fprintf(f, "%s\n", format_cache_line(key, choice).c_str());
+  std::fprintf(f, "%s\n", line.c_str());
   std::fclose(f);
 }
 
-void ConvAlgoCache::erase(const std::string& key) {
+void AlgoCache::erase(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   entries_.erase(key);
+  gemm_entries_.erase(key);
 }
 
-size_t ConvAlgoCache::size() {
+size_t AlgoCache::size() {
   std::lock_guard<std::mutex> lock(mutex_);
   load_file_locked();
-  return entries_.size();
+  return entries_.size() + gemm_entries_.size();
 }
 
 }  // namespace kiln::runtime

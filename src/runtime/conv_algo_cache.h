@@ -1,18 +1,24 @@
-// Process-wide cache of cuDNN convolution algorithm choices, so one layer
-// shape is searched once per process (across layers, engines and loads)
-// rather than once per step. Optionally persisted across processes in the
-// text file named by the environment variable KILN_ALGO_CACHE.
+// Process-wide cache of algorithm choices made at engine load: cuDNN
+// convolution algorithms (conv keys, "conv1/...") and cuBLASLt matmul
+// algorithms (GEMM keys, "gemm1/...", gemm_algo_key.h), so one layer shape is
+// searched once per process (across layers, engines and loads) rather than
+// once per step. Optionally persisted across processes in the one text file
+// named by the environment variable KILN_ALGO_CACHE.
 //
-// No cuDNN types here (algorithms and math types are stored as the ints of
-// cuDNN's enums), so the key formation and the file format are tested on
-// machines without a GPU.
+// No cuDNN/cuBLASLt types here (conv algorithms and math types are stored as
+// the ints of cuDNN's enums, GEMM algorithms as cublasLtMatmulAlgo_t's opaque
+// words), so the key formation and the file format are tested on machines
+// without a GPU.
 //
-// File format: one choice per line, "<key> <algo> <fused 0|1> <math> <ms>";
-// lines starting with '#' and lines that do not parse are ignored. Entries
+// File format: one choice per line; conv lines are
+// "<key> <algo> <fused 0|1> <math> <ms>", GEMM lines are
+// format_gemm_cache_line's; the key's prefix says which. Lines starting with
+// '#' and lines that do not parse are ignored. Entries
 // are appended as they are found; a later line for the same key wins. The key
-// carries the SM and the cuDNN version, so one file can serve several GPUs
-// and a cuDNN upgrade re-searches. A choice read from the file is still tried
-// once at load; if cuDNN refuses it, the shape is searched again.
+// carries the SM and the cuDNN (cuBLASLt) version, so one file can serve
+// several GPUs and a library upgrade re-searches. A choice read from the file
+// is still tried once at load; if the library refuses it, the shape is
+// searched again.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +28,7 @@
 #include <string>
 
 #include "engine_format/engine_desc.h"
+#include "runtime/gemm_algo_key.h"
 
 namespace kiln::runtime {
 
@@ -65,21 +72,26 @@ struct ConvAlgoChoice {
 std::string format_cache_line(const std::string& key, const ConvAlgoChoice& choice);
 bool parse_cache_line(const std::string& line, std::string* key, ConvAlgoChoice* choice);
 
-class ConvAlgoCache {
+class AlgoCache {
  public:
   // `path` empty: in memory only. Otherwise entries are read from it on first
   // use and appended to it (created if missing); file errors are ignored, as
   // the cache is only an optimisation.
-  explicit ConvAlgoCache(std::string path);
+  explicit AlgoCache(std::string path);
 
   // The process-wide cache, persisted to $KILN_ALGO_CACHE when it is set.
-  static ConvAlgoCache& global();
+  static AlgoCache& global();
 
+  // Conv choices (keys from conv_cache_key).
   bool lookup(const std::string& key, ConvAlgoChoice* choice);
   void insert(const std::string& key, const ConvAlgoChoice& choice);
-  // Drops an entry cuDNN refused (e.g. a file from another cuDNN build).
+  // GEMM choices (keys from gemm_cache_key; other keys are never found).
+  bool lookup(const std::string& key, GemmAlgoChoice* choice);
+  void insert(const std::string& key, const GemmAlgoChoice& choice);
+  // Drops an entry (of either kind) the library refused (e.g. a file from
+  // another build).
   void erase(const std::string& key);
-  size_t size();
+  size_t size();  // conv and GEMM entries together
   const std::string& path() const { return path_; }
 
   // Held around a search so concurrent loads in this process neither search
@@ -88,12 +100,17 @@ class ConvAlgoCache {
 
  private:
   void load_file_locked();
+  void append_line_locked(const std::string& line);
 
   std::string path_;
-  std::mutex mutex_;  // guards entries_ and loaded_
+  std::mutex mutex_;  // guards entries_, gemm_entries_ and loaded_
   bool loaded_ = false;
   std::map<std::string, ConvAlgoChoice> entries_;
+  std::map<std::string, GemmAlgoChoice> gemm_entries_;
   std::mutex search_mutex_;
 };
+
+// The name the conv code and its tests know the cache by.
+using ConvAlgoCache = AlgoCache;
 
 }  // namespace kiln::runtime

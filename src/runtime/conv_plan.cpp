@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "runtime/cuda_check.h"
+#include "runtime/stream_timer.h"
 
 namespace kiln::runtime {
 
@@ -63,30 +64,14 @@ Status trial_run(cudnnHandle_t handle, cudaStream_t stream, const ConvPlan& plan
   return Status::ok();
 }
 
-// Destroys two events on every path out of time_choice.
-struct EventPair {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  ~EventPair() {
-    if (start != nullptr) (void)cudaEventDestroy(start);
-    if (stop != nullptr) (void)cudaEventDestroy(stop);
-  }
-};
-
 // Mean milliseconds of the plan's call sequence; an error when cuDNN refuses it.
 Result<float> time_choice(cudnnHandle_t handle, cudaStream_t stream, const ConvPlan& plan,
                           const ConvOperands& scratch, void* workspace) {
   KILN_RETURN_IF_ERROR(trial_run(handle, stream, plan, scratch, workspace));  // warm-up
-  EventPair events;
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&events.start));
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&events.stop));
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.start, stream));
-  for (int i = 0; i < kTimedRuns; ++i)
-    KILN_RETURN_IF_ERROR(enqueue_conv(handle, plan, scratch, workspace, plan.workspace_bytes));
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.stop, stream));
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events.stop));
-  float ms = 0.0f;
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events.start, events.stop));
-  return ms / kTimedRuns;
+  StreamTimer timer;
+  return timer.time(stream, kTimedRuns, [&] {
+    return enqueue_conv(handle, plan, scratch, workspace, plan.workspace_bytes);
+  });
 }
 
 // The first Find results that ran, plus IMPLICIT_PRECOMP_GEMM wherever it

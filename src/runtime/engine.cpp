@@ -12,10 +12,7 @@
 
 namespace kiln::runtime {
 
-using engine::DType;
 using engine::EngineDesc;
-using engine::GemmEpilogue;
-using engine::GemmStep;
 using engine::KernelArgKind;
 using engine::KernelModule;
 using engine::StepKind;
@@ -32,71 +29,6 @@ uint32_t address_alignment(const TensorDesc& t) {
 }
 
 namespace {
-
-Result<cudaDataType_t> gemm_data_type(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return CUDA_R_32F;
-    case DType::kFloat16:
-      return CUDA_R_16F;
-    case DType::kBFloat16:
-      return CUDA_R_16BF;
-    default:
-      return make_status(StatusCode::kUnsupported, "GEMM on %s is not supported",
-                         engine::dtype_name(dtype));
-  }
-}
-
-bool uses_bias(GemmEpilogue epilogue) {
-  return epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kReluBias;
-}
-
-cublasLtEpilogue_t lt_epilogue(GemmEpilogue epilogue) {
-  switch (epilogue) {
-    case GemmEpilogue::kBias:
-      return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::kReluBias:
-      return CUBLASLT_EPILOGUE_RELU_BIAS;
-    case GemmEpilogue::kRelu:
-      return CUBLASLT_EPILOGUE_RELU;
-    case GemmEpilogue::kNone:
-      break;
-  }
-  return CUBLASLT_EPILOGUE_DEFAULT;
-}
-
-// Sets everything a matmul descriptor needs for step `g`. fp32 accumulation
-// and fp32 alpha/beta for every dtype; CUBLAS_COMPUTE_32F (not the TF32 mode)
-// so float32 results match PyTorch's fp32 matmul to ~1e-5.
-Status configure_matmul_desc(cublasLtMatmulDesc_t op, const GemmStep& g, const void* bias) {
-  const int32_t trans_a = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int32_t trans_b = CUBLAS_OP_N;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-  const cublasLtEpilogue_t epilogue = lt_epilogue(g.epilogue);
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  if (uses_bias(g.epilogue)) {
-    // Bias length must equal D's row count, which is n in the column-major
-    // view; its dtype defaults to D's.
-    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
-  return Status::ok();
-}
-
-Result<cublasLtMatmulDesc_t> make_matmul_desc(const GemmStep& g, const void* bias) {
-  cublasLtMatmulDesc_t op = nullptr;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  Status status = configure_matmul_desc(op, g, bias);
-  if (!status.is_ok()) {
-    (void)cublasLtMatmulDescDestroy(op);
-    return status;
-  }
-  return op;
-}
 
 // "sm_87, sm_90 (PTX compute_90)": what a module carries, for error messages.
 std::string describe_code(const KernelModule& m) {
@@ -137,24 +69,6 @@ const char* kernel_arg_name(KernelArgKind kind) {
   return "?";
 }
 
-// Makes `layout` a strided batch of `batch` matrices `stride` elements apart.
-Status set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
-  const int32_t count = static_cast<int32_t>(batch);  // validated <= INT32_MAX
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
-      layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
-      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
-  return Status::ok();
-}
-
-// Destroys a preference descriptor on every path out of plan_gemm.
-struct PreferenceGuard {
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~PreferenceGuard() {
-    if (pref != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref);
-  }
-};
-
 }  // namespace
 
 std::string step_label(const EngineDesc& desc, size_t step) {
@@ -186,13 +100,7 @@ Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device) {
 }
 
 Engine::~Engine() {
-  for (GemmPlan& p : gemms_) {
-    if (p.op != nullptr) (void)cublasLtMatmulDescDestroy(p.op);
-    if (p.layout_a != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_a);
-    if (p.layout_b != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_b);
-    if (p.layout_d != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_d);
-    if (p.layout_c != nullptr) (void)cublasLtMatrixLayoutDestroy(p.layout_c);
-  }
+  for (GemmPlan& p : gemms_) destroy_gemm_plan(&p);
   for (ConvPlan& p : convs_) destroy_conv_plan(&p);
   if (zero_bias_ != nullptr) (void)cudaFree(zero_bias_);
   if (cublas_ != nullptr) (void)cublasLtDestroy(cublas_);
@@ -357,118 +265,6 @@ Status Engine::upload_weights() {
   }
   std::vector<uint8_t>().swap(desc_.weights);  // the host copy is no longer needed
   return Status::ok();
-}
-
-Status Engine::plan_gemms() {
-  bool any_gemm = false;
-  for (const auto& step : desc_.steps) any_gemm |= step.kind == StepKind::kGemm;
-  if (!any_gemm) return Status::ok();
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&cublas_));
-  for (size_t i = 0; i < desc_.steps.size(); ++i) {
-    if (desc_.steps[i].kind != StepKind::kGemm) continue;
-    Status status = plan_gemm(i);
-    if (!status.is_ok()) return status.with_context(step_label(desc_, i));
-  }
-  return Status::ok();
-}
-
-Status Engine::plan_gemm(size_t step) {
-  const GemmStep& g = desc_.steps[step].gemm;
-  GemmPlan& plan = gemms_[step];
-  const TensorDesc& a = desc_.tensors[g.a];
-  const TensorDesc& b = desc_.tensors[g.b];
-  const TensorDesc& out = desc_.tensors[g.out];
-  KILN_ASSIGN_OR_RETURN(cudaDataType_t type, gemm_data_type(a.dtype));
-  const bool has_c = g.c != engine::kNoTensor;
-  plan.alpha = g.alpha;
-  plan.beta = has_c ? g.beta : 0.0f;
-
-  // A weight bias has one address for every context; any other bias gets a
-  // stand-in with the same alignment, which is all the heuristic looks at.
-  const void* bias = nullptr;
-  if (uses_bias(g.epilogue)) {
-    const TensorDesc& t = desc_.tensors[g.bias];
-    if (t.storage == StorageKind::kWeight) {
-      bias = static_cast<const uint8_t*>(weights_) + t.offset;
-    } else {
-      bias = reinterpret_cast<const void*>(static_cast<uintptr_t>(address_alignment(t)));
-      plan.op_has_bias = false;
-    }
-  }
-  KILN_ASSIGN_OR_RETURN(plan.op, make_matmul_desc(g, bias));
-
-  const uint64_t m = static_cast<uint64_t>(g.m), n = static_cast<uint64_t>(g.n),
-                 k = static_cast<uint64_t>(g.k);
-  if (g.b_transposed)  // b is row-major [n, k] == column-major k x n, used transposed
-    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_a, type, k, n, k));
-  else  // b is row-major [k, n] == column-major n x k
-    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_a, type, n, k, n));
-  // a is row-major [m, k] == column-major k x m.
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_b, type, k, m, k));
-  // out (and c) are row-major [m, n] == column-major n x m.
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_d, type, n, m, n));
-  if (g.batch > 1) {
-    // Strided batch; a stride of 0 makes every batch entry read one matrix.
-    KILN_RETURN_IF_ERROR(set_batch(plan.layout_a, g.batch, g.stride_b));
-    KILN_RETURN_IF_ERROR(set_batch(plan.layout_b, g.batch, g.stride_a));
-    KILN_RETURN_IF_ERROR(set_batch(plan.layout_d, g.batch, g.stride_out));
-    if (has_c) {
-      KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan.layout_c, type, n, m, n));
-      KILN_RETURN_IF_ERROR(set_batch(plan.layout_c, g.batch, g.stride_c));
-    }
-  }
-
-  PreferenceGuard guard;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&guard.pref));
-  const uint64_t max_workspace = kMaxGemmWorkspaceBytes;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      guard.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
-      sizeof(max_workspace)));
-  // The heuristic assumes 256-byte aligned operands unless told otherwise;
-  // arena offsets may be less aligned than that.
-  const uint32_t align_a = address_alignment(b);
-  const uint32_t align_b = address_alignment(a);
-  const uint32_t align_d = address_alignment(out);
-  const uint32_t align_c = has_c ? address_alignment(desc_.tensors[g.c]) : align_d;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      guard.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      guard.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      guard.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      guard.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
-
-  constexpr int kRequested = 4;
-  cublasLtMatmulHeuristicResult_t results[kRequested];
-  std::memset(results, 0, sizeof(results));
-  int returned = 0;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
-      cublas_, plan.op, plan.layout_a, plan.layout_b, plan.c_layout(), plan.layout_d, guard.pref,
-      kRequested, results, &returned));
-  for (int r = 0; r < returned; ++r) {
-    if (results[r].state != CUBLAS_STATUS_SUCCESS) continue;
-    if (results[r].workspaceSize > kMaxGemmWorkspaceBytes) continue;
-    plan.algo = results[r].algo;
-    plan.workspace_bytes = results[r].workspaceSize;
-    workspace_bytes_ = std::max(workspace_bytes_, plan.workspace_bytes);
-    return Status::ok();
-  }
-  return make_status(StatusCode::kUnsupported,
-                     "cuBLASLt has no algorithm for %s m=%lld n=%lld k=%lld b_transposed=%d "
-                     "epilogue=%u batch=%lld (strides a=%lld b=%lld c=%lld out=%lld) on sm_%d",
-                     engine::dtype_name(a.dtype), static_cast<long long>(g.m),
-                     static_cast<long long>(g.n), static_cast<long long>(g.k),
-                     g.b_transposed ? 1 : 0, static_cast<unsigned>(g.epilogue),
-                     static_cast<long long>(g.batch), static_cast<long long>(g.stride_a),
-                     static_cast<long long>(g.stride_b), static_cast<long long>(g.stride_c),
-                     static_cast<long long>(g.stride_out), device_.sm);
-}
-
-Result<cublasLtMatmulDesc_t> Engine::create_matmul_desc(size_t step, const void* bias) const {
-  if (step >= desc_.steps.size() || desc_.steps[step].kind != StepKind::kGemm)
-    return make_status(StatusCode::kInvalidArgument, "step %zu is not a GEMM step", step);
-  return make_matmul_desc(desc_.steps[step].gemm, bias);
 }
 
 }  // namespace kiln::runtime

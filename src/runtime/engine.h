@@ -2,7 +2,8 @@
 // per GPU and then shared, read-only, by every ExecutionContext that runs it.
 //
 // Engine::load picks the machine code for this GPU, loads the generated
-// kernels, uploads the weights once and plans every GEMM with cuBLASLt. After
+// kernels, uploads the weights once and plans every GEMM with cuBLASLt and
+// every conv with cuDNN (algorithms timed at load, gemm_plan.h / conv_plan.h). After
 // load nothing in an Engine changes, so several contexts (one per delegate
 // handle, possibly on different threads) may use one Engine concurrently.
 #pragma once
@@ -20,11 +21,9 @@
 #include "engine_format/engine_desc.h"
 #include "runtime/conv_plan.h"
 #include "runtime/device.h"
+#include "runtime/gemm_plan.h"
 
 namespace kiln::runtime {
-
-// Upper bound for the cuBLASLt workspace an algorithm may ask for.
-constexpr size_t kMaxGemmWorkspaceBytes = 32u << 20;
 
 // A kernel step resolved at load: the handle stays valid for the Engine's life.
 struct KernelPlan {
@@ -32,29 +31,6 @@ struct KernelPlan {
   dim3 grid;
   dim3 block;
   uint32_t shared_bytes = 0;  // dynamic shared memory
-};
-
-// A GEMM step as cuBLASLt sees it. cuBLASLt is column-major, so the row-major
-// out[m, n] = a[m, k] @ B is computed as D_col[n, m] = op(b) * a_col: cuBLASLt's
-// A is GemmStep::b and its B is GemmStep::a. Descriptors are owned by the
-// Engine and destroyed with it.
-struct GemmPlan {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t layout_a = nullptr;  // GemmStep::b
-  cublasLtMatrixLayout_t layout_b = nullptr;  // GemmStep::a
-  cublasLtMatrixLayout_t layout_d = nullptr;  // out, and c when present
-  // c of a batched GEMM (its own batch stride); null: c uses layout_d.
-  cublasLtMatrixLayout_t layout_c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspace_bytes = 0;
-  float alpha = 1.0f;
-  float beta = 0.0f;  // 0 unless the step has a c operand
-  // False when the bias is not a weight (its address differs per context):
-  // `op` then carries a placeholder with the same alignment and each context
-  // makes its own descriptor with create_matmul_desc().
-  bool op_has_bias = true;
-
-  cublasLtMatrixLayout_t c_layout() const { return layout_c != nullptr ? layout_c : layout_d; }
 };
 
 class Engine {
@@ -106,8 +82,8 @@ class Engine {
   Status load_modules();
   Status resolve_kernels();
   Status upload_weights();
-  Status plan_gemms();
-  Status plan_gemm(size_t step);
+  Status plan_gemms();               // engine_gemm.cpp
+  Status create_gemm_plan(size_t step);  // descriptors only
   Status plan_convs();  // engine_conv.cpp
 
   engine::EngineDesc desc_;

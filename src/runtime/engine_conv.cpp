@@ -11,6 +11,7 @@
 #include "runtime/conv_plan.h"
 #include "runtime/cuda_check.h"
 #include "runtime/engine.h"
+#include "runtime/load_scratch.h"
 
 namespace kiln::runtime {
 
@@ -21,25 +22,13 @@ using engine::TensorDesc;
 
 namespace {
 
-// Everything the search borrows, freed on every path out of plan_convs.
+// The search's cuDNN handle (bound to the scratch stream), destroyed on every
+// path out of plan_convs before the stream.
 struct SearchResources {
+  LoadScratch scratch;
   cudnnHandle_t handle = nullptr;
-  cudaStream_t stream = nullptr;
-  std::vector<void*> buffers;
   ~SearchResources() {
-    for (void* p : buffers) (void)cudaFree(p);
     if (handle != nullptr) (void)cudnnDestroy(handle);
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
-    (void)cudaGetLastError();
-  }
-  // A zeroed device buffer of `bytes` plus 256 bytes of slack, so an operand
-  // can be placed at exactly its real alignment.
-  Result<uint8_t*> allocate(size_t bytes) {
-    void* p = nullptr;
-    KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes + 256));
-    buffers.push_back(p);
-    KILN_CUDA_RETURN_IF_ERROR(cudaMemset(p, 0, bytes + 256));
-    return static_cast<uint8_t*>(p);
   }
 };
 
@@ -51,11 +40,6 @@ bool z_is_out(const engine::EngineDesc& desc, const ConvStep& c) {
   const TensorDesc& o = desc.tensors[c.out];
   return z.storage == StorageKind::kArena && o.storage == StorageKind::kArena &&
          z.offset == o.offset;
-}
-
-// `base` moved so its address has exactly `alignment` (a power of two <= 256).
-uint8_t* aligned_like(uint8_t* base, uint32_t alignment) {
-  return alignment >= 256 ? base : base + alignment;
 }
 
 }  // namespace
@@ -79,18 +63,17 @@ Status Engine::plan_convs() {
   KILN_CUDA_RETURN_IF_ERROR(cudaMemset(zero_bias_, 0, bias_bytes));
 
   SearchResources res;
-  KILN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&res.stream, cudaStreamNonBlocking));
+  KILN_ASSIGN_OR_RETURN(cudaStream_t stream, res.scratch.stream());
   KILN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&res.handle));
-  KILN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(res.handle, res.stream));
-  size_t free_bytes = 0, total_bytes = 0;
-  KILN_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t workspace_cap = std::min(kMaxConvWorkspaceBytes, free_bytes / 4);
-  KILN_ASSIGN_OR_RETURN(uint8_t* x_scratch, res.allocate(x_bytes));
-  KILN_ASSIGN_OR_RETURN(uint8_t* w_scratch, res.allocate(w_bytes));
-  KILN_ASSIGN_OR_RETURN(uint8_t* y_scratch, res.allocate(y_bytes));
-  KILN_ASSIGN_OR_RETURN(uint8_t* z_scratch, res.allocate(y_bytes));
-  KILN_ASSIGN_OR_RETURN(uint8_t* bias_scratch, res.allocate(bias_bytes));
-  KILN_ASSIGN_OR_RETURN(uint8_t* workspace, res.allocate(workspace_cap));
+  KILN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(res.handle, stream));
+  KILN_ASSIGN_OR_RETURN(const size_t workspace_cap,
+                        LoadScratch::workspace_cap(kMaxConvWorkspaceBytes));
+  KILN_ASSIGN_OR_RETURN(uint8_t* x_scratch, res.scratch.allocate(x_bytes));
+  KILN_ASSIGN_OR_RETURN(uint8_t* w_scratch, res.scratch.allocate(w_bytes));
+  KILN_ASSIGN_OR_RETURN(uint8_t* y_scratch, res.scratch.allocate(y_bytes));
+  KILN_ASSIGN_OR_RETURN(uint8_t* z_scratch, res.scratch.allocate(y_bytes));
+  KILN_ASSIGN_OR_RETURN(uint8_t* bias_scratch, res.scratch.allocate(bias_bytes));
+  KILN_ASSIGN_OR_RETURN(uint8_t* workspace, res.scratch.allocate(workspace_cap));
 
   const int cudnn_version = static_cast<int>(cudnnGetVersion());
   ConvAlgoCache& cache = ConvAlgoCache::global();
@@ -110,6 +93,7 @@ Status Engine::plan_convs() {
     const ConvSignature sig =
         make_conv_signature(c, dtype, in_place, device_.sm, cudnn_version, align(c.x),
                             align(c.w), align(c.bias), align(c.z), align(c.out));
+    const auto aligned_like = LoadScratch::aligned_like;
     ConvOperands scratch;
     scratch.x = aligned_like(x_scratch, sig.align_x);
     scratch.w = aligned_like(w_scratch, sig.align_w);
@@ -117,7 +101,7 @@ Status Engine::plan_convs() {
     scratch.bias = plan.has_bias ? aligned_like(bias_scratch, sig.align_bias) : nullptr;
     if (plan.has_z) scratch.z = in_place ? scratch.out : aligned_like(z_scratch, sig.align_z);
 
-    status = choose_conv_algorithm(res.handle, res.stream, sig, scratch, workspace,
+    status = choose_conv_algorithm(res.handle, stream, sig, scratch, workspace,
                                    workspace_cap, cache, &plan);
     if (!status.is_ok()) return status.with_context(step_label(desc_, i));
     workspace_bytes_ = std::max(workspace_bytes_, plan.workspace_bytes);

@@ -37,3 +37,10 @@ gtest_discover_tests(kiln_engine_format_conv_tests)
 add_executable(kiln_runtime_conv_tests runtime_conv_test.cpp)
 target_link_libraries(kiln_runtime_conv_tests PRIVATE kiln_runtime GTest::gtest_main)
 gtest_discover_tests(kiln_runtime_conv_tests)
+
+# GEMM autotuning: key, cache line format and the shared conv+GEMM cache file,
+# the KILN_GEMM_AUTOTUNE switch, the runtime log hook (no GPU); autotuned
+# engines and load time (skipped, with the reason, without a GPU).
+add_executable(kiln_runtime_gemm_autotune_tests runtime_gemm_autotune_test.cpp)
+target_link_libraries(kiln_runtime_gemm_autotune_tests PRIVATE kiln_runtime GTest::gtest_main)
+gtest_discover_tests(kiln_runtime_gemm_autotune_tests)
