@@ -103,6 +103,8 @@ def _shape(t: dict) -> str:
 def _step_line(number: int, s: dict) -> str:
     if s["kind"] == "gemm":
         return f"    {number:>3} gemm   {s['label']:<24} m={s['m']} n={s['n']} k={s['k']} epilogue={s['epilogue']}"
+    if s["kind"] == "conv":
+        return f"    {number:>3} conv   {s['label']:<24} {s.get('summary', '')}"
     grid = "x".join(map(str, s["grid"]))
     block = "x".join(map(str, s["block"]))
     smem = f" smem={s['shared_bytes']}" if s.get("shared_bytes") else ""

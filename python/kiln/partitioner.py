@@ -77,6 +77,23 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+# Multi-output ops of which the compiler computes only output 0.
+_FIRST_OUTPUT_ONLY = {
+    "aten.max_pool2d_with_indices.default": "max_pool2d indices are used; Kiln computes only the pooled values",
+    "aten._native_batch_norm_legit_no_training.default": (
+        "batch norm's saved mean/invstd are used; Kiln computes only the normalized output"
+    ),
+}
+
+
+def _uses_later_outputs(node: torch.fx.Node) -> bool:
+    for user in node.users:
+        if not _fx_nodes.is_getitem(user) or user.args[1] != 0:
+            if not _fx_nodes.is_getitem(user) or user.users:
+                return True
+    return False
+
+
 def query_support(
     node: torch.fx.Node, constant_names: set[str]
 ) -> Optional[str]:
@@ -85,6 +102,8 @@ def query_support(
         desc = _fx_nodes.describe_node(node)
     except _fx_nodes.UnsupportedNode as e:
         return str(e)
+    if desc.op in _FIRST_OUTPUT_ONLY and _uses_later_outputs(node):
+        return _FIRST_OUTPUT_ONLY[desc.op]
     inputs = []
     for arg in desc.inputs:
         t = _fx_nodes.node_tensor_type(arg)

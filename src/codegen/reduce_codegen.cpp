@@ -26,11 +26,72 @@ std::string offset_expr(const std::string& var, const std::vector<int64_t>& shap
   return first ? "0" : expr.str();
 }
 
+constexpr unsigned kColumnRows = 8;
+
+// [outer, reduced, inner] view of the input when the reduced dims are
+// adjacent; false otherwise.
+bool column_shape(const std::vector<int64_t>& shape, const std::vector<int64_t>& dims, int64_t& outer,
+                  int64_t& reduced, int64_t& inner) {
+  if (dims.empty()) return false;
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (dims[i] != dims[i - 1] + 1) return false;
+  outer = reduced = inner = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    int64_t x = shape[d];
+    if (static_cast<int64_t>(d) < dims.front()) outer *= x;
+    else if (static_cast<int64_t>(d) <= dims.back()) reduced *= x;
+    else inner *= x;
+  }
+  return inner >= 16 && outer <= 65535 && reduced > 0;
+}
+
 }  // namespace
 
-std::string generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name) {
+ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name) {
   const ir::Value& in = graph.value(plan.input);
   const ir::Value& out = graph.value(plan.out);
+  ReduceKernel kernel;
+  int64_t outer = 0, red = 0, inner = 0;
+  if (column_shape(in.shape, plan.dims, outer, red, inner)) {
+    std::string init = "0.0f", combine = "acc + v", finish = "acc";
+    if (plan.kind == passes::ReducePlan::Kind::kMax) {
+      init = "-__int_as_float(0x7f800000)";
+      combine = "kiln_maximum(acc, v)";
+    } else if (plan.kind == passes::ReducePlan::Kind::kMean) {
+      finish = "acc / " + std::to_string(red) + ".0f";
+    }
+    std::ostringstream src;
+    src << "extern \"C\" __global__ void __launch_bounds__(" << 32 * kColumnRows << ") " << name << "(\n    "
+        << storage_type(out.dtype) << "* __restrict__ out, const " << storage_type(in.dtype)
+        << "* __restrict__ in, long long n_out) {\n"
+        << "  __shared__ float part[" << kColumnRows << "][33];\n"
+        << "  const long long col = (long long)blockIdx.x * 32 + threadIdx.x;\n"
+        << "  const long long o = blockIdx.y;\n"
+        << "  float acc = " << init << ";\n"
+        << "  if (col < " << inner << "LL) {\n"
+        << "    const " << storage_type(in.dtype) << "* x = in + o * " << red * inner << "LL + col;\n"
+        << "    for (long long r = threadIdx.y; r < " << red << "LL; r += " << kColumnRows << ") {\n"
+        << "      const float v = " << load_expr(in.dtype, "x[r * " + std::to_string(inner) + "LL]") << ";\n"
+        << "      acc = " << combine << ";\n"
+        << "    }\n"
+        << "  }\n"
+        << "  part[threadIdx.y][threadIdx.x] = acc;\n"
+        << "  __syncthreads();\n"
+        << "  if (threadIdx.y != 0 || col >= " << inner << "LL) return;\n"
+        << "  #pragma unroll\n"
+        << "  for (int y = 1; y < " << kColumnRows << "; ++y) {\n"
+        << "    const float v = part[y][threadIdx.x];\n"
+        << "    acc = " << combine << ";\n"
+        << "  }\n"
+        << "  out[o * " << inner << "LL + col] = " << store_expr(out.dtype, finish) << ";\n"
+        << "}\n";
+    kernel.source = src.str();
+    kernel.grid[0] = static_cast<uint32_t>((inner + 31) / 32);
+    kernel.grid[1] = static_cast<uint32_t>(outer);
+    kernel.block[0] = 32;
+    kernel.block[1] = kColumnRows;
+    return kernel;
+  }
   std::vector<int64_t> in_strides(in.shape.size(), 1);
   for (size_t d = in.shape.size(); d-- > 1;) in_strides[d - 1] = in_strides[d] * in.shape[d];
   // Split the input's dims into kept (indexed by the output element) and
@@ -70,7 +131,13 @@ std::string generate_reduce_kernel(const ir::Graph& graph, const passes::ReduceP
       << "  }\n"
       << "  if (lane == 0) out[o] = " << store_expr(out.dtype, finish) << ";\n"
       << "}\n";
-  return src.str();
+  kernel.source = src.str();
+  int64_t n_out = out.numel();
+  int64_t blocks = (n_out + kReduceOutputsPerBlock - 1) / kReduceOutputsPerBlock;
+  if (blocks > 0x7fffffff) throw CompileError("reduction of '" + in.name + "' has too many outputs");
+  kernel.grid[0] = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
+  kernel.block[0] = kReduceBlock;
+  return kernel;
 }
 
 }  // namespace kiln::codegen

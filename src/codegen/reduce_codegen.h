@@ -1,6 +1,11 @@
-// Generates a reduction kernel: one warp per output element, lanes stride
-// over the reduced elements, a shuffle tree combines them. Accumulates in
-// float; shapes are baked in as constants.
+// Generates a reduction kernel. Accumulates in float; shapes are baked in as
+// constants. Two forms:
+//  * row: one warp per output element, lanes stride over the reduced
+//    elements, a shuffle tree combines them (reduced dims innermost);
+//  * column: when the reduced dims are one block with >= 16 kept elements
+//    inside it (e.g. mean over h, w of NHWC [n, h, w, c]), each thread owns
+//    one inner element (a channel), so a warp reads 32 neighbouring values;
+//    8 thread rows split the reduced extent and combine in shared memory.
 #pragma once
 
 #include <string>
@@ -13,7 +18,13 @@ namespace kiln::codegen {
 constexpr unsigned kReduceBlock = 256;  // 8 warps: 8 output elements per block
 constexpr unsigned kReduceOutputsPerBlock = kReduceBlock / 32;
 
+struct ReduceKernel {
+  std::string source;
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+};
+
 // Kernel `name` with parameters (out, in, long long n_out).
-std::string generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name);
+ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name);
 
 }  // namespace kiln::codegen

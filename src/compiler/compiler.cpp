@@ -9,6 +9,7 @@
 
 #include "codegen/nvrtc_compiler.h"
 #include "codegen/pointwise_codegen.h"
+#include "codegen/pool_codegen.h"
 #include "codegen/reduce_codegen.h"
 #include "engine_format/engine_format.h"
 #include "passes/passes.h"
@@ -44,22 +45,36 @@ class Lowering {
         step.gemm.epilogue = g.epilogue;
         step.gemm.alpha = g.alpha;
         step.gemm.beta = g.beta;
+        step.gemm.batch = g.batch;
+        step.gemm.stride_a = g.stride_a;
+        step.gemm.stride_b = g.stride_b;
+        step.gemm.stride_c = g.stride_c;
+        step.gemm.stride_out = g.stride_out;
+      } else if (op.kind == passes::PlannedOp::Kind::kConv) {
+        step.kind = engine::StepKind::kConv;
+        step.conv = lower_conv(op.conv);
+      } else if (op.kind == passes::PlannedOp::Kind::kPool) {
+        step.kind = engine::StepKind::kKernel;
+        std::string function = "kiln_pool_" + std::to_string(kernels++);
+        source += "\n" + codegen::generate_pool_kernel(graph_, op.pool, function);
+        engine::KernelStep& k = step.kernel;
+        k.function = function;
+        int64_t n = graph_.value(op.pool.out).numel();
+        k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + codegen::kPoolBlock - 1) / codegen::kPoolBlock), 65536));
+        k.block[0] = codegen::kPoolBlock;
+        k.args = {tensor_arg(op.pool.out), tensor_arg(op.pool.input), int_arg(n)};
       } else if (op.kind == passes::PlannedOp::Kind::kReduce) {
         step.kind = engine::StepKind::kKernel;
         std::string function = "kiln_reduce_" + std::to_string(kernels++);
-        source += "\n" + codegen::generate_reduce_kernel(graph_, op.reduce, function);
+        codegen::ReduceKernel gen = codegen::generate_reduce_kernel(graph_, op.reduce, function);
+        source += "\n" + gen.source;
         engine::KernelStep& k = step.kernel;
         k.function = function;
-        int64_t n_out = graph_.value(op.reduce.out).numel();
-        int64_t blocks = (n_out + codegen::kReduceOutputsPerBlock - 1) / codegen::kReduceOutputsPerBlock;
-        if (blocks > 0x7fffffff) throw CompileError("reduction '" + op.label + "' has too many outputs");
-        k.grid[0] = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
-        k.block[0] = codegen::kReduceBlock;
-        k.args = {tensor_arg(op.reduce.out), tensor_arg(op.reduce.input)};
-        engine::KernelArg count;
-        count.kind = engine::KernelArgKind::kInt64;
-        count.i64 = n_out;
-        k.args.push_back(count);
+        for (int d = 0; d < 3; ++d) {
+          k.grid[d] = gen.grid[d];
+          k.block[d] = gen.block[d];
+        }
+        k.args = {tensor_arg(op.reduce.out), tensor_arg(op.reduce.input), int_arg(graph_.value(op.reduce.out).numel())};
       } else {
         step.kind = engine::StepKind::kKernel;
         std::string function = "kiln_pw_" + std::to_string(kernels++);
@@ -108,6 +123,47 @@ class Lowering {
     if (it == index_.end()) throw CompileError("internal: value '" + graph_.value(value).name + "' has no storage");
     return it->second;
   }
+  static engine::KernelArg int_arg(int64_t v) {
+    engine::KernelArg arg;
+    arg.kind = engine::KernelArgKind::kInt64;
+    arg.i64 = v;
+    return arg;
+  }
+
+  engine::ConvStep lower_conv(const passes::ConvPlan& c) const {
+    const ir::Value& x = graph_.value(c.x);
+    const ir::Value& w = graph_.value(c.w);
+    const ir::Value& y = graph_.value(c.out);
+    engine::ConvStep s;
+    s.x = tensor(c.x);
+    s.w = tensor(c.w);
+    s.bias = c.bias >= 0 ? tensor(c.bias) : engine::kNoTensor;
+    s.z = c.z >= 0 ? tensor(c.z) : engine::kNoTensor;
+    s.out = tensor(c.out);
+    s.n = x.shape[0];
+    s.h = x.shape[1];
+    s.w_in = x.shape[2];
+    s.c = x.shape[3];
+    s.k = w.shape[0];
+    s.r = w.shape[1];
+    s.s = w.shape[2];
+    s.p = y.shape[1];
+    s.q = y.shape[2];
+    s.pad_h = c.pad_h;
+    s.pad_w = c.pad_w;
+    s.stride_h = c.stride_h;
+    s.stride_w = c.stride_w;
+    s.dilation_h = c.dilation_h;
+    s.dilation_w = c.dilation_w;
+    s.groups = c.groups;
+    s.activation = c.relu ? engine::ConvActivation::kRelu : engine::ConvActivation::kNone;
+    for (int v : {c.x, c.w, c.bias, c.z})
+      if (v >= 0 && graph_.value(v).dtype != y.dtype)
+        throw CompileError("convolution '" + y.name + "': operand '" + graph_.value(v).name + "' is " +
+                           engine::dtype_name(graph_.value(v).dtype) + ", result is " + engine::dtype_name(y.dtype));
+    return s;
+  }
+
   engine::KernelArg tensor_arg(int value) const {
     engine::KernelArg arg;
     arg.kind = engine::KernelArgKind::kTensor;
@@ -206,14 +262,21 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
   ir::Graph graph = input;
   graph.verify();
   passes::fold_constants(graph);
+  graph = passes::fold_batch_norm(graph);
+  graph = passes::to_channels_last(graph);
+  passes::fold_constants(graph);  // permutes/views of constants the layout pass made
   engine::DType compute = passes::choose_compute_dtype(options.enabled_precisions);
   graph = passes::apply_precision(graph, compute);
   passes::ExecPlan plan = passes::fuse(graph);
-  int gemms = 0;
-  for (const auto& op : plan.ops) gemms += op.kind == passes::PlannedOp::Kind::kGemm;
+  int gemms = 0, convs = 0;
+  for (const auto& op : plan.ops) {
+    gemms += op.kind == passes::PlannedOp::Kind::kGemm;
+    convs += op.kind == passes::PlannedOp::Kind::kConv;
+  }
   report(options, std::to_string(graph.nodes().size()) + " nodes -> " + std::to_string(gemms) + " GEMMs + " +
-                      std::to_string(plan.ops.size() - static_cast<size_t>(gemms)) + " fused kernels, computing in " +
-                      engine::dtype_name(compute));
+                      (convs ? std::to_string(convs) + " convolutions + " : std::string()) +
+                      std::to_string(plan.ops.size() - static_cast<size_t>(gemms + convs)) +
+                      " fused kernels, computing in " + engine::dtype_name(compute));
   return Lowering(graph, plan).run(options, compute);
 }
 

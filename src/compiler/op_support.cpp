@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "compiler/compiler.h"
+#include "ops/conv_ops.h"
 #include "ops/gemm_ops.h"
+#include "ops/pool_ops.h"
 #include "ops/layout_ops.h"
 #include "ops/reduce_ops.h"
 #include "ops/pointwise_ops.h"
@@ -38,7 +40,10 @@ std::optional<std::string> check_tensors(const OpQuery& q) {
 }  // namespace
 
 std::vector<std::string> supported_ops() {
-  std::vector<std::string> names = {"aten.linear.default", "aten.addmm.default", "aten.mm.default"};
+  std::vector<std::string> names = {"aten.linear.default", "aten.addmm.default", "aten.mm.default",
+                                    "aten.bmm.default", "aten.convolution.default", ops::kBatchNorm,
+                                    "aten.max_pool2d_with_indices.default", "aten.max_pool2d.default",
+                                    "aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default"};
   for (const auto& p : ops::pointwise_ops())
     if (std::string(p.name).rfind("aten.", 0) == 0) names.push_back(p.name);
   for (const char* v : {"aten.view_copy.default", "aten._unsafe_view.default", "aten.squeeze_copy.dims",
@@ -54,8 +59,21 @@ std::vector<std::string> supported_ops() {
 
 std::optional<std::string> check_support(const OpQuery& q) {
   bool known = ops::is_gemm_op(q.op) || ops::find_pointwise_op(q.op) || ops::is_view_op(q.op) ||
-               ops::is_layout_op(q.op) || ops::is_reduce_op(q.op);
+               ops::is_layout_op(q.op) || ops::is_reduce_op(q.op) || ops::is_conv_op(q.op) ||
+               ops::is_batch_norm_op(q.op) || ops::is_pool_op(q.op);
   if (!known) return q.op + " is not implemented by the Kiln compiler";
+  if (ops::is_batch_norm_op(q.op) || q.op == "aten.max_pool2d_with_indices.default") {
+    // Several outputs, of which Kiln computes the first (batch norm's saved
+    // statistics are empty in inference; max_pool2d's indices must be unused,
+    // which the partitioner checks).
+    if (q.outputs.empty()) return q.op + " has no outputs";
+    OpQuery first = q;
+    first.outputs.resize(1);
+    if (auto r = check_tensors(first)) return r;
+    std::string why = ops::is_batch_norm_op(q.op) ? ops::check_batch_norm(q) : ops::check_pool(q);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
   // Casting a constant (e.g. an integer scalar lifted by export) to a float
   // dtype is folded at export.
   bool constant_cast = q.op == "aten._to_copy.default" && q.inputs.size() == 1 && q.inputs[0].is_constant &&
@@ -70,6 +88,16 @@ std::optional<std::string> check_support(const OpQuery& q) {
   if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
   if (ops::is_reduce_op(q.op)) {
     std::string why = ops::check_reduce(q);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
+  if (ops::is_conv_op(q.op)) {
+    std::string why = ops::check_conv(q);
+    if (!why.empty()) return why;
+    return std::nullopt;
+  }
+  if (ops::is_pool_op(q.op)) {
+    std::string why = ops::check_pool(q);
     if (!why.empty()) return why;
     return std::nullopt;
   }

@@ -5,7 +5,7 @@
 namespace kiln::ops {
 
 bool is_gemm_op(const std::string& op) {
-  return op == "aten.linear.default" || op == "aten.addmm.default" || op == "aten.mm.default";
+  return op == "aten.linear.default" || op == "aten.addmm.default" || op == "aten.mm.default" || op == "aten.bmm.default";
 }
 
 std::string check_gemm(const compiler::OpQuery& q) {
@@ -15,6 +15,14 @@ std::string check_gemm(const compiler::OpQuery& q) {
   if (q.op == "aten.mm.default") {
     if (in.size() != 2 || in[0].shape.size() != 2 || in[1].shape.size() != 2)
       return "mm needs two 2-D operands";
+    return "";
+  }
+  if (q.op == "aten.bmm.default") {
+    if (in.size() != 2 || in[0].shape.size() != 3 || in[1].shape.size() != 3)
+      return "bmm needs two 3-D operands";
+    if (in[0].shape[0] != in[1].shape[0] || in[0].shape[2] != in[1].shape[1])
+      return "bmm operands " + ir::shape_to_string(in[0].shape) + " and " + ir::shape_to_string(in[1].shape) +
+             " do not match";
     return "";
   }
   if (q.op == "aten.addmm.default") {

@@ -1,4 +1,4 @@
-// Matrix products lowered to cuBLASLt: linear, addmm, mm. The capability
+// Matrix products lowered to cuBLASLt: linear, addmm, mm, bmm (batched). The capability
 // check lives here beside the lowering (passes/fuse.cpp builds GemmPlans from
 // these nodes).
 #pragma once

@@ -18,6 +18,29 @@ struct GemmPlan {
   engine::GemmEpilogue epilogue = engine::GemmEpilogue::kNone;
   float alpha = 1.0f, beta = 0.0f;
   int64_t m = 0, n = 0, k = 0;
+  // Batched products (bmm): `batch` matrices, each operand's i-th matrix
+  // stride_* elements after the previous one (0 broadcasts it).
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_out = 0;
+};
+
+// A channels-last 2-D convolution (engine::ConvStep):
+// out = act(conv(x, w) + bias + z), x [n,h,w,c], w [k,r,s,c/groups].
+struct ConvPlan {
+  int x = -1, w = -1, bias = -1, z = -1, out = -1;
+  int64_t pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1, groups = 1;
+  bool relu = false;
+};
+
+// A channels-last pooling window op ([n,h,w,c] -> [n,p,q,c]), one generated
+// kernel (codegen/pool_codegen.h).
+struct PoolPlan {
+  enum class Kind { kMax, kAvg, kAdaptiveAvg } kind = Kind::kMax;
+  int input = -1, out = -1;
+  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool count_include_pad = true;
+  int64_t divisor_override = 0;  // 0: none
 };
 
 // Where element `idx` of an iteration space lives in a contiguous tensor:
@@ -53,15 +76,23 @@ struct ReducePlan {
 };
 
 struct PlannedOp {
-  enum class Kind { kGemm, kPointwise, kReduce } kind = Kind::kPointwise;
+  enum class Kind { kGemm, kPointwise, kReduce, kConv, kPool } kind = Kind::kPointwise;
   std::string label;  // the op group, e.g. "addmm+relu" or "add+gelu"
   GemmPlan gemm;
   PointwisePlan pointwise;
   ReducePlan reduce;
+  ConvPlan conv;
+  PoolPlan pool;
 
   std::vector<int> reads() const;  // value ids read
   int writes() const {
-    return kind == Kind::kGemm ? gemm.out : kind == Kind::kReduce ? reduce.out : pointwise.out;
+    switch (kind) {
+      case Kind::kGemm: return gemm.out;
+      case Kind::kReduce: return reduce.out;
+      case Kind::kConv: return conv.out;
+      case Kind::kPool: return pool.out;
+      default: return pointwise.out;
+    }
   }
 };
 

@@ -4,13 +4,13 @@
 
 #include "ops/view_ops.h"
 #include "passes/dtype_convert.h"
+#include "passes/graph_rewriter.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
-namespace {
 
 // out[i_0..i_r] = in[i_perm^-1...]: output dim j is input dim perm[j].
-std::vector<uint8_t> permute_data(const ir::Value& in, const std::vector<int64_t>& perm) {
+std::vector<uint8_t> permute_constant_data(const ir::Value& in, const std::vector<int64_t>& perm) {
   size_t rank = in.shape.size();
   size_t elem = engine::dtype_size(in.dtype);
   std::vector<int64_t> in_strides(rank, 1);
@@ -32,8 +32,6 @@ std::vector<uint8_t> permute_data(const ir::Value& in, const std::vector<int64_t
   return out;
 }
 
-}  // namespace
-
 void fold_constants(ir::Graph& graph) {
   for (ir::Node& node : graph.nodes()) {
     if (node.inputs.size() != 1 || node.outputs.size() != 1) continue;
@@ -54,7 +52,7 @@ void fold_constants(ir::Graph& graph) {
     ir::Value& out = graph.value(node.outputs[0]);
     if (out.numel() != in.numel() || out.dtype != in.dtype)
       throw CompileError("node '" + node.name + "': output does not match its input's size or dtype");
-    out.data = permute ? permute_data(in, ops::permutation_of(node, in.shape.size())) : in.data;
+    out.data = permute ? permute_constant_data(in, ops::permutation_of(node, in.shape.size())) : in.data;
     out.is_constant = true;
     out.producer = -1;
     node.op = "kiln.folded";

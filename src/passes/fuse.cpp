@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/conv_ops.h"
 #include "ops/gemm_ops.h"
+#include "ops/pool_ops.h"
 #include "ops/layout_ops.h"
 #include "ops/reduce_ops.h"
 #include "ops/pointwise_ops.h"
 #include "ops/view_ops.h"
+#include "passes/fuse_conv.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -41,6 +44,13 @@ int transposed_constant(ir::Graph& graph, int id) {
 std::vector<int> PlannedOp::reads() const {
   if (kind == Kind::kPointwise) return pointwise.inputs;
   if (kind == Kind::kReduce) return {reduce.input};
+  if (kind == Kind::kPool) return {pool.input};
+  if (kind == Kind::kConv) {
+    std::vector<int> r = {conv.x, conv.w};
+    if (conv.bias >= 0) r.push_back(conv.bias);
+    if (conv.z >= 0) r.push_back(conv.z);
+    return r;
+  }
   std::vector<int> r = {gemm.a, gemm.b};
   if (gemm.bias >= 0) r.push_back(gemm.bias);
   if (gemm.c >= 0) r.push_back(gemm.c);
@@ -66,13 +76,44 @@ ExecPlan fuse(ir::Graph& graph) {
     return consumers[static_cast<size_t>(v)].size() == 1 && !is_output[static_cast<size_t>(v)];
   };
 
+  // Steps whose fused ops end later in the graph (a conv absorbing a residual
+  // add) run at the last absorbed node, when every operand exists.
+  std::map<size_t, PlannedOp> deferred;
   const size_t node_count = graph.nodes().size();  // transposed constants may add values, not nodes
   for (size_t n = 0; n < node_count; ++n) {
-    if (absorbed[n]) continue;
+    if (absorbed[n]) {
+      auto it = deferred.find(n);
+      if (it != deferred.end()) {
+        plan.ops.push_back(std::move(it->second));
+        dead.push_back(false);
+        deferred.erase(it);
+      }
+      continue;
+    }
     const ir::Node node = graph.nodes()[n];  // copy: the graph may grow below
     if (node.op == "kiln.folded") continue;
     if (node.outputs.empty()) throw CompileError("node '" + node.name + "' has no outputs");
     const int out = node.outputs[0];
+    if (node.op == ops::kConvNhwc) {
+      ConvFusion f = plan_conv(graph, static_cast<int>(n), consumers, is_output, absorbed);
+      for (int a : f.absorbed) absorbed[static_cast<size_t>(a)] = true;
+      if (f.emit_at == static_cast<int>(n)) {
+        plan.ops.push_back(std::move(f.op));
+        dead.push_back(false);
+      } else {
+        deferred[static_cast<size_t>(f.emit_at)] = std::move(f.op);
+      }
+      continue;
+    }
+    if (ops::is_nhwc_pool_op(node.op)) {
+      PlannedOp op;
+      op.kind = PlannedOp::Kind::kPool;
+      op.label = node.op.substr(5);  // "max_pool2d_nhwc"
+      op.pool = ops::plan_pool(graph, node);
+      plan.ops.push_back(std::move(op));
+      dead.push_back(false);
+      continue;
+    }
     if (ops::is_view_op(node.op)) {
       plan.alias_of[out] = plan.storage_of(node.inputs[0]);
       continue;
@@ -95,6 +136,23 @@ ExecPlan fuse(ir::Graph& graph) {
         if (node.inputs.size() == 3) {
           g.bias = node.inputs[2];
           g.epilogue = engine::GemmEpilogue::kBias;
+        }
+      } else if (node.op == "aten.bmm.default") {
+        const ir::Value& a = input(0);
+        const ir::Value& b = input(1);
+        if (a.shape.size() != 3 || b.shape.size() != 3 || a.shape[0] != b.shape[0] || a.shape[2] != b.shape[1])
+          throw CompileError("node '" + node.name + "': cannot batch-multiply " + ir::shape_to_string(a.shape) +
+                             " by " + ir::shape_to_string(b.shape));
+        g.a = node.inputs[0];
+        g.b = node.inputs[1];
+        g.batch = a.shape[0];
+        g.m = a.shape[1];
+        g.k = a.shape[2];
+        g.n = b.shape[2];
+        if (g.batch > 1) {
+          g.stride_a = g.m * g.k;
+          g.stride_b = g.k * g.n;
+          g.stride_out = g.m * g.n;
         }
       } else {
         size_t first = node.op == "aten.addmm.default" ? 1 : 0;
@@ -182,8 +240,13 @@ ExecPlan fuse(ir::Graph& graph) {
     std::string label;
     for (int in : node.inputs) {
       int g = group_of[static_cast<size_t>(in)];
-      if (g >= 0 && !dead[static_cast<size_t>(g)] && single_use(in) &&
-          graph.value(in).shape == graph.value(out).shape) {
+      // Same shape, or a short chain on a smaller broadcast operand (e.g. a
+      // squeeze-excitation gate [n,1,1,c] scaling [n,h,w,c]): recomputing a
+      // few ops per output element is cheaper than a launch and a round trip.
+      const bool same_shape = graph.value(in).shape == graph.value(out).shape;
+      const bool small_broadcast = g >= 0 && plan.ops[static_cast<size_t>(g)].pointwise.nodes.size() <= 4 &&
+                                   graph.value(in).shape.size() == graph.value(out).shape.size();
+      if (g >= 0 && !dead[static_cast<size_t>(g)] && single_use(in) && (same_shape || small_broadcast)) {
         PlannedOp& producer = plan.ops[static_cast<size_t>(g)];
         p.nodes.insert(p.nodes.end(), producer.pointwise.nodes.begin(), producer.pointwise.nodes.end());
         for (int x : producer.pointwise.inputs)
@@ -201,6 +264,8 @@ ExecPlan fuse(ir::Graph& graph) {
     plan.ops.push_back(op);
     dead.push_back(false);
   }
+
+  if (!deferred.empty()) throw CompileError("internal: a fused convolution was never placed");
 
   // Each graph output gets storage of its own: outputs that are graph inputs,
   // constants, or share storage with an earlier output are copied.

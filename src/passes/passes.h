@@ -17,6 +17,16 @@ namespace kiln::passes {
 // folded node's output becomes a constant and the node is marked "kiln.folded".
 void fold_constants(ir::Graph& graph);
 
+// Folds inference batch norm into the convolution before it where that conv
+// has constant weights and no other use; any other batch norm becomes a
+// per-channel multiply-add. Runs before precision, so folding is exact.
+ir::Graph fold_batch_norm(const ir::Graph& graph);
+
+// Rewrites 2-D convolutions and pooling into channels-last (NHWC) forms and
+// carries the NHWC layout through layout-agnostic ops so that layout kernels
+// remain only where a consumer needs NCHW (see channels_last.cpp).
+ir::Graph to_channels_last(const ir::Graph& graph);
+
 // The dtype the engine computes in: float16/bfloat16 when enabled (float16
 // first), else float32.
 engine::DType choose_compute_dtype(const std::vector<engine::DType>& enabled_precisions);

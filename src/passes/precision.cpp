@@ -1,10 +1,13 @@
 // Precision: a float32 graph compiled with float16 (or bfloat16) enabled
 // computes in the lower precision inside the engine, keeping the graph's
 // input and output dtypes at its edges (casts fuse into the neighbouring
-// elementwise kernels; GEMMs read compute-dtype operands).
+// elementwise kernels; GEMMs and convolutions read compute-dtype operands,
+// their weights converted at export like every float constant).
 #include <algorithm>
 
+#include "ops/conv_ops.h"
 #include "ops/gemm_ops.h"
+#include "ops/view_ops.h"
 #include "passes/dtype_convert.h"
 #include "passes/passes.h"
 
@@ -50,7 +53,10 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute) {
 
   for (const ir::Node& node : graph.nodes()) {
     if (node.op == "kiln.folded") continue;
-    bool needs_compute_operands = ops::is_gemm_op(node.op);
+    // Views alias their input, so a view of a graph input must see the
+    // compute dtype too.
+    bool needs_compute_operands =
+        ops::is_gemm_op(node.op) || node.op == ops::kConvNhwc || ops::is_view_op(node.op);
     std::vector<int> inputs;
     for (int in : node.inputs) {
       const ir::Value& v = graph.value(in);

@@ -192,7 +192,11 @@ TEST_F(CompilerPipeline, ReductionsGenerateWarpKernels) {
   engine::EngineDesc d = compiler::compile_to_desc(g, {});
   ASSERT_EQ(d.steps.size(), 2u);
   EXPECT_EQ(d.steps[0].kernel.grid[0], 1u) << "6 outputs fit one block of 8 warps";
-  EXPECT_EQ(d.steps[1].kernel.grid[0], 9u) << "70 outputs, 8 per block";
+  // amax over the channels of [2, 3, 5, 7]: 35 kept elements inside the
+  // reduced dim, so the column form (a thread per inner element, coalesced).
+  EXPECT_EQ(d.steps[1].kernel.grid[0], 2u) << "35 inner elements, 32 per block";
+  EXPECT_EQ(d.steps[1].kernel.grid[1], 2u) << "one block row per outer index";
+  EXPECT_EQ(d.steps[1].kernel.block[1], 8u);
   const std::string& src = d.modules[0].source;
   EXPECT_NE(src.find("acc / 35.0f"), std::string::npos) << src;
   EXPECT_NE(src.find("kiln_maximum(acc, v)"), std::string::npos) << src;

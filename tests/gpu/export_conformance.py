@@ -41,8 +41,34 @@ def main():
                          "model_dtype": str(dtype).replace("torch.", ""), "rtol": rtol,
                          "inputs": [[list(t.shape), str(dtype).replace("torch.", "")] for t in inputs],
                          "delegates": compiled.delegates})
+    manifest += export_conv_cases(args.out)
     manifest.append(export_device_resident(args.out))
     (args.out / "manifest_ops.json").write_text(json.dumps(manifest, indent=1))
+
+
+def export_conv_cases(out: Path) -> list:
+    """Convolution, pooling, bmm and squeeze-excitation models, fp32 and fp16:
+    every op must be taken by Kiln."""
+    entries = []
+    for factory, shapes in conformance_models.CONV_CASES.items():
+        for dtype, rtol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
+            dname = str(dtype).replace("torch.", "")
+            name = f"{factory.lower()}_{dname}"
+            model = conformance_models.FACTORIES[factory]().to(dtype).eval()
+            inputs = tuple(torch.randn(shape, dtype=dtype) for shape in shapes)
+            compiled = kiln.compile(torch.export.export(model, inputs), arg_inputs=inputs, enabled_precisions={dtype})
+            if compiled.summary.ops_on_cpu or set(compiled.delegates) != {"KilnBackend"}:
+                raise SystemExit(f"{name}: ops left to the CPU: {compiled.summary.ops_on_cpu}")
+            kiln.save(compiled, out / f"{name}.pte")
+            torch.save(model.state_dict(), out / f"{name}.state_dict.pt")
+            entries.append({"name": name, "pte": f"{name}.pte", "state_dict": f"{name}.state_dict.pt",
+                            "module": "conformance_models", "factory": factory, "model_dtype": dname,
+                            # cuDNN/cuBLASLt and PyTorch sum in different orders (fp32
+                            # accumulation): allow a few ulps more than pure elementwise.
+                            "rtol": rtol if dtype != torch.float32 else 1e-4,
+                            "inputs": [[list(t.shape), dname] for t in inputs],
+                            "delegates": compiled.delegates})
+    return entries
 
 
 def export_device_resident(out: Path) -> dict:

@@ -1,0 +1,28 @@
+// Planning of channels-last convolutions (kiln.conv2d_nhwc) for fuse.cpp:
+// the conv absorbs a following per-channel bias add, a residual add of a
+// same-shape tensor and a ReLU (engine::ConvStep's bias, z and activation).
+// A 1x1, stride-1, unpadded, ungrouped conv over NHWC is the GEMM
+// [n*h*w, c] x w[k, c]^T and becomes a cuBLASLt step with the same epilogues
+// (residual through c with beta = 1), unless KILN_CONV_GEMM=0 in the
+// environment forces cuDNN for comparison.
+#pragma once
+
+#include <vector>
+
+#include "ir/graph.h"
+#include "passes/exec_plan.h"
+
+namespace kiln::passes {
+
+struct ConvFusion {
+  PlannedOp op;
+  std::vector<int> absorbed;  // node indices folded into the step (not the conv itself)
+  int emit_at = -1;           // node index after which the step can run (z must exist)
+};
+
+// May add a reshaped bias constant to `graph`. `consumers[v]` lists the nodes reading value v; `is_output[v]` marks graph
+// outputs; nodes already `absorbed` by another step are not taken again.
+ConvFusion plan_conv(ir::Graph& graph, int node_index, const std::vector<std::vector<int>>& consumers,
+                     const std::vector<bool>& is_output, const std::vector<bool>& absorbed);
+
+}  // namespace kiln::passes
