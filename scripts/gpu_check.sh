@@ -3,6 +3,9 @@
 # runtime, delegate and runner against the carried ExecuTorch C++ SDK, then
 # runs the GPU tests against PyTorch. Prepare the carried folder on the CPU
 # machine with scripts/prepare_gpu_bundle.sh; logs go to $OUT (or out/gpu).
+# Parts whose carried files are absent are skipped (a call carries either
+# $bundle/models or the vision groups $bundle/vision_*, see docs/benchmarks.md).
+# KILN_SKIP_VISION=1 skips the vision models' numerics even when carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${KILN_GPU_BUNDLE:-.gpu_carry}
@@ -19,8 +22,21 @@ echo "build ok"
 if [ -x build-gpu/tests/cpp/kiln_engine_format_tests ]; then
   (cd build-gpu && ctest --output-on-failure -j8 2>&1 | tail -5)
 fi
-PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" \
-  --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@" || gpu_tests_failed=1
+vision_args=()
+if [ "${KILN_SKIP_VISION:-0}" != 1 ] && ls "$bundle"/vision_*/manifest_vision.json >/dev/null 2>&1; then
+  vision_args=(--vision "$bundle")
+fi
+if [ -d "$bundle/models" ] || ((${#vision_args[@]})); then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" "${vision_args[@]}" \
+    --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@" || gpu_tests_failed=1
+else
+  echo "no $bundle/models and no $bundle/vision_*: GPU model tests skipped"
+fi
+if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
+  echo "($bundle/models not carried: runtime features and consumer app skipped)"
+  [ "${gpu_tests_failed:-0}" = 0 ]
+  exit
+fi
 
 # Runtime features (graph replay, caller streams, shared engines and scratch).
 if [ -x build-gpu/tests/cpp/kiln_runtime_features_test ]; then

@@ -1,6 +1,17 @@
 """GPU tests, run on the GPU machine by scripts/gpu_check.sh (torch there, no
 ExecuTorch Python package, no Kiln Python package).
 
+Vision models (--vision: carry groups written by benchmarks/export_models.py,
+manifest_vision.json + xz archives): each entry's module is rebuilt from
+examples/vision_models.py with its deterministic weights, the state-dict
+checksum is compared with the manifest's, fresh random inputs are drawn on the
+GPU, and the .pte runs with kiln_runner --device_io=true against PyTorch's
+output on the GPU (TF32 off). float32 reference: the model in float32.
+float16 reference: the float16 model's weights and inputs evaluated in
+float32, cast to float16 (so the reference is not itself degraded by fp16
+arithmetic); PyTorch's own float16 error against it is printed beside
+Kiln's, for scale.
+
 For each model in MODELS/manifest.json (written at export time by
 examples/export_mlp.py --gpu-bundle), it rebuilds the PyTorch module from
 examples/sample_models.py with the exported weights, draws FRESH random inputs
@@ -11,6 +22,7 @@ input shape. Prints a table; exits 1 if anything failed.
 """
 
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -24,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import conformance_models  # noqa: E402
 import sample_models  # noqa: E402
 
@@ -84,6 +97,52 @@ def check_model(entry, models_dir, runner, work, log, trials):
     return results
 
 
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def check_vision_model(entry, runner, work, log, trials, rtol_override=None):
+    """One manifest_vision.json entry; the same result records as check_model."""
+    import vision_models
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = DTYPES[entry["dtype"]]
+    model, _ = vision_models.build(entry["model"], entry["batch"], dtype, seed=entry.get("seed", vision_models.DEFAULT_SEED))
+    got = vision_models.checksum(model)
+    if got != entry["checksum"]:
+        return [{"seed": 0, "ok": False, "rel_err": [f"checksum {got[:12]} != manifest {entry['checksum'][:12]}"],
+                 "median_ms": float("nan")}]
+    model = model.cuda().eval()
+    exact = model.float() if dtype == torch.float32 else copy.deepcopy(model).float()
+    rtol = rtol_override.get(entry["dtype"]) if rtol_override and rtol_override.get(entry["dtype"]) else entry["rtol"]
+    results = []
+    for trial in range(trials):
+        seed = int.from_bytes(os.urandom(4), "little")
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        inputs = [torch.randn(shape, generator=gen, device="cuda", dtype=DTYPES[d]) for shape, d in entry["inputs"]]
+        with torch.no_grad():
+            expected = exact(*[t.float() for t in inputs]).to(dtype)
+            torch_err = rel_err(model(*inputs), expected) if dtype != torch.float32 else None
+        inp = work / f"{entry['name']}.{trial}.inputs.ktensors"
+        exp = work / f"{entry['name']}.{trial}.expected.ktensors"
+        tensor_file.save(inp, [t.cpu() for t in inputs])
+        tensor_file.save(exp, [expected.cpu()])
+        proc = run([runner, f"--model_path={entry['pte_path']}", f"--inputs={inp}", f"--expected={exp}", f"--rtol={rtol}",
+                    "--num_runs=10", "--warmup=2", *entry.get("runner_args", [])], log)
+        errors = re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)
+        if torch_err is not None:
+            errors.append(f"(torch fp16 {torch_err:.2e})")
+        if proc.returncode != 0 and not errors:
+            errors = [(proc.stderr.strip().splitlines() or ["?"])[-1][:200]]
+        results.append({"seed": seed, "ok": proc.returncode == 0, "rel_err": errors, "median_ms": median_ms(proc.stdout),
+                        "rtol": rtol})
+    del model, exact
+    torch.cuda.empty_cache()
+    return results
+
+
 def check_bad_inputs(entry, models_dir, runner, work, log):
     """A corrupted engine and a wrong-shaped input must fail with clear errors."""
     out = []
@@ -108,7 +167,13 @@ def check_bad_inputs(entry, models_dir, runner, work, log):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", type=Path, required=True)
+    parser.add_argument("--models", type=Path, help="folder with manifest*.json (sample/conformance models)")
+    parser.add_argument("--vision", nargs="*", default=[],
+                        help="carry groups (or folders of them) with manifest_vision.json: the benchmark models")
+    parser.add_argument("--vision-only", default="", help="comma-separated entry names or models to check (default all)")
+    parser.add_argument("--vision-work", type=Path, default=ROOT / "out" / "vision_work",
+                        help="where vision programs are unpacked and their tensor files written")
+    parser.add_argument("--vision-rtol-fp32", type=float, help="override the manifest's float32 tolerance")
     parser.add_argument("--runner", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=3)
@@ -116,7 +181,20 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "work"
     work.mkdir(exist_ok=True)
-    manifest = [entry for path in sorted(args.models.glob("manifest*.json")) for entry in json.loads(path.read_text())]
+    manifest = []
+    if args.models is not None and args.models.is_dir():
+        manifest = [entry for path in sorted(args.models.glob("manifest*.json")) for entry in json.loads(path.read_text())]
+    elif args.models is not None:
+        print(f"note: {args.models} is not here; sample and conformance models skipped")
+    vision = []
+    if args.vision:
+        import vision_bundle
+
+        # Unpacked programs and the (large) input/reference files stay out of
+        # --out, which travels back from the GPU machine.
+        vision = vision_bundle.load_entries(args.vision, unpack_dir=args.vision_work / "pte")
+        only = {s for s in args.vision_only.split(",") if s}
+        vision = [e for e in vision if not only or e["name"] in only or e["model"] in only]
     failed = 0
     summary = []
     with open(args.out / "gpu_tests.log", "w") as log:
@@ -128,7 +206,17 @@ def main():
                 summary.append({"model": entry["name"], **r})
                 print(f"{'PASS' if r['ok'] else 'FAIL'}  {entry['name']:<22} seed={r['seed']:<11} "
                       f"rel_err={','.join(r['rel_err'])}  kiln_runner median {r['median_ms']:.4f} ms")
-        for name, ok, detail in check_bad_inputs(manifest[0], args.models, args.runner, work, log):
+        for entry in vision:
+            args.vision_work.mkdir(parents=True, exist_ok=True)
+            results = check_vision_model(entry, args.runner, args.vision_work, log, args.trials,
+                                         {"float32": args.vision_rtol_fp32})
+            for r in results:
+                failed += not r["ok"]
+                summary.append({"model": entry["name"], **r})
+                print(f"{'PASS' if r['ok'] else 'FAIL'}  {entry['name']:<26} seed={r['seed']:<11} "
+                      f"rel_err={','.join(r['rel_err'])} (rtol {r.get('rtol')})  kiln_runner median {r['median_ms']:.4f} ms",
+                      flush=True)
+        for name, ok, detail in (check_bad_inputs(manifest[0], args.models, args.runner, work, log) if manifest else []):
             failed += not ok
             summary.append({"check": name, "ok": ok, "detail": detail})
             print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")

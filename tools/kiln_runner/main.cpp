@@ -30,6 +30,7 @@
 #include "kiln/caller_stream.h"
 #include "tensor_file.h"
 #include "tensor_math.h"
+#include "timing.h"
 
 namespace {
 
@@ -49,6 +50,7 @@ using kiln::tools::Options;
 using kiln::tools::parse_flags;
 using kiln::tools::parse_long;
 using kiln::tools::usage_error;
+using kiln::tools::percentile;
 
 constexpr const char* kKilnBackendName = "KilnBackend";
 
@@ -82,26 +84,6 @@ et::LoadBackendOptionsMap kiln_load_options(const Options& options,
   return map;
 }
 
-// One line with KilnBackend's process-wide counters (copies, graph replays).
-void print_kiln_counters() {
-  et::BackendOptions<5> query;
-  (void)query.set_option("runs", 0);
-  (void)query.set_option("h2d_copies", 0);
-  (void)query.set_option("d2h_copies", 0);
-  (void)query.set_option("graph_launches", 0);
-  (void)query.set_option("graph_records", 0);
-  if (et::get_option(kKilnBackendName, query.view()) != et::Error::Ok) return;
-  int runs = 0, h2d = 0, d2h = 0, launches = 0, records = 0;
-  (void)query.get_option("runs", runs);
-  (void)query.get_option("h2d_copies", h2d);
-  (void)query.get_option("d2h_copies", d2h);
-  (void)query.get_option("graph_launches", launches);
-  (void)query.get_option("graph_records", records);
-  std::printf("KilnBackend counters: %d engine runs, %d host-to-device copies, %d "
-              "device-to-host copies, %d CUDA graph launches, %d graph recordings\n",
-              runs, h2d, d2h, launches, records);
-}
-
 // Says plainly why a Kiln model cannot load here, when that is the reason.
 void explain_kiln_unavailable(const et::MethodMeta& meta) {
   et::BackendInterface* kiln = et::get_backend_class(kKilnBackendName);
@@ -114,14 +96,6 @@ void explain_kiln_unavailable(const et::MethodMeta& meta) {
     std::fprintf(stderr,
                  "kiln_runner: this machine has no usable CUDA GPU: the Kiln backend reports "
                  "itself unavailable, so the model's Kiln delegates cannot be initialized\n");
-}
-
-double percentile(const std::vector<double>& sorted, double p) {
-  const double position = p * static_cast<double>(sorted.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(position));
-  const size_t hi = std::min(lo + 1, sorted.size() - 1);
-  const double frac = position - static_cast<double>(lo);
-  return sorted[lo] * (1.0 - frac) + sorted[hi] * frac;
 }
 
 // Builds the method's inputs: from `given` (checked against the method) or
@@ -330,6 +304,16 @@ int run(const Options& options) {
                                    : kiln->is_available() ? "registered, CUDA GPU available"
                                                           : "registered, no usable CUDA GPU");
 
+  kiln::tools::TimingReport report;  // --timing_json
+  report.model_path = options.model_path;
+  report.method = options.method;
+  report.timer = options.cuda_events ? "cuda_events" : "wall";
+  report.use_cuda_graphs = options.use_cuda_graphs;
+  report.device_io = options.device_io;
+  report.warmup = options.warmup;
+  report.memory_known = !options.timing_json.empty() &&
+                        kiln::tools::device_memory_used(&report.memory_before_load);
+  const auto load_start = std::chrono::steady_clock::now();
   Module module(options.model_path, Module::LoadMode::Mmap);
   et::BackendOptions<1> load_option_storage;
   et::Error error = module.load(kiln_load_options(options, &load_option_storage));
@@ -367,6 +351,10 @@ int run(const Options& options) {
     explain_kiln_unavailable(*meta);
     return kExitLoad;
   }
+  report.load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start)
+          .count();
+  report.delegates = backends;
 
   std::vector<HostTensor> inputs;
   if (int code = prepare_inputs(*meta, options, &given, &inputs); code != kExitOk) return code;
@@ -394,33 +382,46 @@ int run(const Options& options) {
   if (options.green_context != nullptr)
     green_guard = std::make_unique<kiln::CallerStreamGuard>(options.green_context->stream());
 
-  // execute() returns when the outputs are in host memory (the Kiln delegate
-  // synchronizes), so wall time per call is the latency.
-  std::vector<double> latencies_ms;
+  // Host I/O: execute() returns when the outputs are in host memory (the Kiln
+  // delegate synchronizes). Device I/O: RunTimer waits for the GPU.
+  kiln::tools::RunTimer timer(options.cuda_events);
+  if (std::string why = timer.init(); !why.empty()) {
+    std::fprintf(stderr, "kiln_runner: --cuda_events: %s\n", why.c_str());
+    return kExitLoad;
+  }
+  std::vector<double> sorted;
   std::vector<et::EValue> outputs;
   const long total_runs = options.warmup + options.num_runs;
   for (long r = 0; r < total_runs; ++r) {
-    const auto start = std::chrono::steady_clock::now();
+    if (r == options.warmup && report.memory_known)
+      (void)kiln::tools::device_memory_used(&report.memory_after_warmup);
+    timer.start();
     auto result = module.execute(options.method, input_values);
-    // With device-resident outputs the delegate does not wait for the GPU:
-    // wait here so the time covers the work.
-    if (options.device_io) kiln::tools::synchronize_device();
-    const auto stop = std::chrono::steady_clock::now();
-    if (!result.ok()) {
+    std::string timer_error;
+    const double ms = timer.stop(options.device_io, &timer_error);
+    if (!result.ok() || ms < 0.0) {
       std::fprintf(stderr, "kiln_runner: execute failed on run %ld: %s\n", r + 1,
-                   error_name(result.error()).c_str());
+                   result.ok() ? timer_error.c_str() : error_name(result.error()).c_str());
       return kExitLoad;
     }
-    if (r >= options.warmup)
-      latencies_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    if (r >= options.warmup) sorted.push_back(ms);
     outputs = std::move(*result);
   }
-  std::vector<double> sorted = latencies_ms;
   std::sort(sorted.begin(), sorted.end());
-  std::printf("latency over %zu runs: median %.3f ms, p10 %.3f ms, p90 %.3f ms, min %.3f ms, "
-              "max %.3f ms\n", sorted.size(), percentile(sorted, 0.5), percentile(sorted, 0.1),
-              percentile(sorted, 0.9), sorted.front(), sorted.back());
-  print_kiln_counters();
+  std::printf("latency over %zu runs (%s): median %.3f ms, p10 %.3f ms, p90 %.3f ms, min %.3f "
+              "ms, max %.3f ms\n", sorted.size(), report.timer.c_str(), percentile(sorted, 0.5),
+              percentile(sorted, 0.1), percentile(sorted, 0.9), sorted.front(), sorted.back());
+  report.counters = kiln::tools::read_kiln_counters();
+  kiln::tools::print_kiln_counters(report.counters);
+  if (!options.timing_json.empty()) {
+    report.sorted_ms = sorted;
+    if (std::string why = kiln::tools::write_timing_json(options.timing_json, report);
+        !why.empty()) {
+      std::fprintf(stderr, "kiln_runner: %s\n", why.c_str());
+      return kExitUsage;
+    }
+    std::printf("timing written to %s\n", options.timing_json.c_str());
+  }
 
   std::vector<HostTensor> host_outputs(outputs.size());
   std::vector<bool> collected(outputs.size(), false);

@@ -96,6 +96,13 @@ std::string parse_flags(int argc, char** argv, Options* options) {
       if (value != "true" && value != "false")
         return "--device_io must be true or false, got '" + value + "'";
       options->device_io = value == "true";
+    } else if (name == "cuda_events") {
+      if (value != "true" && value != "false")
+        return "--cuda_events must be true or false, got '" + value + "'";
+      options->cuda_events = value == "true";
+    } else if (name == "timing_json") {
+      if (value.empty()) return "--timing_json needs a file path";
+      options->timing_json = value;
     } else if (name == "use_cuda_graphs") {
       if (value != "true" && value != "false")
         return "--use_cuda_graphs must be true or false, got '" + value + "'";

@@ -52,6 +52,15 @@ tensors, prints its latency and checks its outputs.
                         load option for KilnBackend: record each engine's
                         launches once and replay them as a CUDA graph (wins
                         over the engine's metadata and the process default)
+  --cuda_events=true|false
+                        time each execute() with CUDA events recorded on the
+                        stream the Kiln delegate runs on (its caller stream,
+                        else cudaStreamPerThread), waiting for the second
+                        event before the next run (default false: wall time)
+  --timing_json=PATH    also write the timing as JSON: median/p10/p90/mean/
+                        min/max ms of the timed runs, load time, GPU memory
+                        in use before loading and after the warm-up
+                        (cudaMemGetInfo), KilnBackend's counters
   --help                show this text
 
 exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
@@ -73,6 +82,8 @@ struct Options {
   bool help = false;
   std::string use_cuda_graphs;  // "", "true" or "false" (--use_cuda_graphs)
   bool device_io = false;       // --device_io: inputs and outputs in CUDA memory
+  bool cuda_events = false;     // --cuda_events: CUDA-event timing
+  std::string timing_json;      // --timing_json: "" = none
   long green_context_sms = 0;                  // 0: ordinary stream
   std::string green_context_sweep;             // the flag's text; "" = no sweep
   std::vector<unsigned> green_context_sweep_sms;  // sizes; "all" resolved in main

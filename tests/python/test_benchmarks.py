@@ -1,0 +1,132 @@
+"""The benchmark suite's pure-Python parts on the CPU: the ratio column and
+table (on a synthetic results JSON), merging split runs, the carried
+manifest/archives, the carry-group packing, and kiln_runner's new flags'
+errors."""
+
+import json
+import lzma
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import results_table  # noqa: E402
+import vision_bundle  # noqa: E402
+
+RUNNER = ROOT / os.environ.get("KILN_BUILD_DIR", "build") / "tools" / "kiln_runner" / "kiln_runner"
+
+
+def ok(ms, **kw):
+    return {"status": "ok", "median_ms": ms, "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, **kw}
+
+
+def synthetic() -> dict:
+    return {"meta": {"date": "2026-12-03", "commit": "abc1234 +uncommitted", "gpu": "NVIDIA H200", "driver": "580",
+                     "torch": "2.11.0", "runs": 200, "warmup": 20, "peer_memory_format": "channels_last"},
+            "rows": [
+                {"model": "resnet50", "batch": 8, "dtype": "float16", "export_s": 30.0, "pte_bytes": 51 * 2**20,
+                 "kiln": {"plain": ok(2.0, load_ms=120, memory_bytes=300 * 2**20), "graphs": ok(1.6)},
+                 "peers": {"eager": ok(4.0, memory_bytes=200 * 2**20), "compile": ok(2.4, compile_s=40.0),
+                           "max_autotune": {"status": "failed", "error": "BudgetExceeded: time budget exceeded"},
+                           "reduce_overhead": ok(1.9, compile_s=45.0),
+                           "aoti": {"status": "failed", "error": "package loader: killed by signal 11 (SIGSEGV)"}}},
+                {"model": "mlp_policy", "batch": 1, "dtype": "float16",
+                 "kiln": {"plain": {"status": "failed", "error": "exit 3"}},
+                 "peers": {"eager": ok(0.1)}},
+            ]}
+
+
+def test_ratio_is_best_peer_over_faster_kiln():
+    rows = synthetic()["rows"]
+    assert results_table.kiln_best(rows[0]) == ("graphs", 1.6)
+    assert results_table.best_peer(rows[0]) == ("reduce_overhead", 1.9)
+    assert results_table.ratio(rows[0]) == pytest.approx(1.9 / 1.6)
+    assert results_table.ratio(rows[1]) is None  # Kiln failed: no ratio
+
+
+def test_table_and_files(tmp_path):
+    js, md = results_table.write_results(synthetic(), tmp_path)
+    assert js.name == "2026-12-03_abc1234.json" and md.name == "2026-12-03_abc1234.md"
+    text = md.read_text()
+    assert (tmp_path / "latest.md").read_text() == text
+    line = next(l for l in text.splitlines() if l.startswith("| resnet50 | 8 |"))
+    assert "| 2.000 | 1.600 | 4.000 | 2.400 | fail | 1.900 | fail | reduce-overhead | **1.19x** |" in line
+    assert "NVIDIA H200" in text and "abc1234" in text
+    assert "SIGSEGV" in text  # failures are listed with their reason
+    data = json.loads(js.read_text())
+    assert data["rows"][0]["ratio"] == pytest.approx(1.1875)
+    assert data["rows"][0]["best_peer"] == "reduce_overhead"
+
+
+def test_merge_split_runs(tmp_path):
+    a = synthetic()
+    b = {"meta": {**a["meta"], "commit": "abc1234"},
+         "rows": [{"model": "resnet50", "batch": 8, "dtype": "float16", "kiln": {},
+                   "peers": {"max_autotune": ok(1.5, compile_s=200.0),
+                             "compile": {"status": "failed", "error": "x"}}}]}
+    merged = results_table.merge([a, b])
+    row = next(r for r in merged["rows"] if r["model"] == "resnet50")
+    assert row["peers"]["max_autotune"]["median_ms"] == 1.5  # filled in by the second run
+    assert row["peers"]["compile"]["status"] == "ok"  # a success is not replaced by a failure
+    assert results_table.ratio(row) == pytest.approx(1.5 / 1.6)
+    assert [r["model"] for r in merged["rows"]] == ["mlp_policy", "resnet50"]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    assert results_table.main(["--merge", str(pa), str(pb), "--out", str(tmp_path / "out"), "--stem", "m"]) == 0
+    assert (tmp_path / "out" / "m.md").exists()
+
+
+def test_vision_bundle_unpacks_archives(tmp_path):
+    group = tmp_path / "carry" / "vision_a"
+    group.mkdir(parents=True)
+    pte = tmp_path / "m_fp16_b1.pte"
+    pte.write_bytes(b"PTE" * 100)
+    with lzma.open(group / "m_fp16.tar.xz", "wb") as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        tar.add(pte, arcname=pte.name)
+    (group / "manifest_vision.json").write_text(json.dumps(
+        [{"name": "m_fp16_b1", "model": "m", "batch": 1, "dtype": "float16", "pte": pte.name,
+          "archive": "m_fp16.tar.xz", "checksum": "x"}]))
+    entries = vision_bundle.load_entries([tmp_path / "carry"], unpack_dir=tmp_path / "u")
+    assert len(entries) == 1 and entries[0]["group"] == "vision_a"
+    assert Path(entries[0]["pte_path"]).read_bytes() == pte.read_bytes()
+    assert vision_bundle.load_entries([group], unpack_dir=tmp_path / "u")[0]["pte_path"] == entries[0]["pte_path"]
+
+
+def test_pack_groups_splits_by_size(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import export_models
+
+    pte_dir = tmp_path / "pte"
+    pte_dir.mkdir()
+    entries = []
+    for model in ("a", "b"):
+        for dtype in ("float16", "float32"):
+            for batch in (1, 8):
+                name = export_models.entry_name(model, dtype, batch)
+                (pte_dir / f"{name}.pte").write_bytes(os.urandom(300_000))  # incompressible
+                entries.append({"name": name, "model": model, "dtype": dtype, "batch": batch, "pte": f"{name}.pte",
+                                "pte_bytes": 300_000})
+    groups = export_models.pack_groups(entries, pte_dir, tmp_path / "carry", group_mib=1.0, jobs=1)
+    assert [g["dtype"] for g in groups] == ["float16", "float16", "float32", "float32"]
+    loaded = vision_bundle.load_entries([tmp_path / "carry"], unpack_dir=tmp_path / "u")
+    assert sorted(e["name"] for e in loaded) == sorted(e["name"] for e in entries)
+    for e in loaded:
+        assert Path(e["pte_path"]).read_bytes() == (pte_dir / e["pte"]).read_bytes()
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--cuda_events=maybe", "--cuda_events must be true or false"),
+    ("--timing_json=", "--timing_json needs a file path"),
+])
+def test_runner_rejects_bad_timing_flags(flag, message):
+    if not RUNNER.exists():
+        pytest.skip(f"kiln_runner not built at {RUNNER}")
+    proc = subprocess.run([str(RUNNER), "--model_path=x.pte", flag], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert message in proc.stderr
