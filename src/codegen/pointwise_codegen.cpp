@@ -96,6 +96,13 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::Poin
   std::string last;
   for (size_t t = 0; t < plan.nodes.size(); ++t) {
     const ir::Node& node = graph.nodes().at(static_cast<size_t>(plan.nodes[t]));
+    // A pass that rebuilt this node with extra operands would otherwise
+    // compute a silently wrong expression (the mobilenet div/6 bug).
+    if (const ops::PointwiseOp* op = ops::find_pointwise_op(node.op);
+        op && static_cast<int>(node.inputs.size()) != op->tensor_inputs)
+      throw CompileError("internal: node '" + node.name + "' (" + node.op + ") has " +
+                         std::to_string(node.inputs.size()) + " tensor inputs, expected " +
+                         std::to_string(op->tensor_inputs));
     std::vector<std::string> operands;
     for (int in : node.inputs) {
       auto it = name_of.find(in);

@@ -161,10 +161,7 @@ class ChannelsLast {
     std::vector<int> inputs;
     for (int in : node.inputs) {
       const ir::Value& v = old(in);
-      if (v.numel() == 1) {  // scalars broadcast in any layout
-        inputs.push_back(nchw_[static_cast<size_t>(in)] >= 0 ? nchw_[static_cast<size_t>(in)] : as_nhwc(in));
-        continue;
-      }
+      if (v.numel() == 1) continue;  // scalars broadcast in any layout
       if (v.shape.size() < 4) {  // right-aligned broadcast: pad to rank 4, then permute
         if (nchw_[static_cast<size_t>(in)] < 0) return false;
         std::vector<int64_t> padded(4 - v.shape.size(), 1);

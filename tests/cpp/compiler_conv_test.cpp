@@ -182,6 +182,38 @@ TEST_F(ConvCompiler, PermutesCancelInsideAConvStack) {
   EXPECT_EQ(d.tensors[c.x].shape, (std::vector<int64_t>{1, 16, 16, 8})) << "NHWC input";
 }
 
+// hardswish after a conv decomposes to x * clamp(x + 3, 0, 6) / 6: the NHWC
+// rewrite must keep each binary op's operands, in order, and no more (a
+// scalar pushed twice once turned x / 6 into 6 / x).
+TEST_F(ConvCompiler, ChannelsLastKeepsOperandOrderOfScalarOps) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat32, {1, 4, 8, 8});
+  int w = g.add_constant("w", DType::kFloat32, {8, 4, 3, 3}, testing::random_float_bytes(8 * 4 * 9, rng_));
+  float six = 6.0f;
+  std::vector<uint8_t> six_bytes(4);
+  std::memcpy(six_bytes.data(), &six, 4);
+  int c6 = g.add_constant("six", DType::kFloat32, {}, six_bytes);
+  std::vector<int64_t> shape = {1, 8, 8, 8};
+  int y = add1(g, "aten.convolution.default", "c", {x, w}, conv_attrs(1, 1), shape);
+  int d = add1(g, "aten.div.Tensor", "div", {y, c6}, {}, shape);
+  int s = add1(g, "aten.sub.Tensor", "sub", {c6, d}, {}, shape);
+  g.set_outputs({s});
+  ir::Graph out = passes::to_channels_last(g);
+  int seen = 0;
+  for (const ir::Node& n : out.nodes()) {
+    if (n.op != "aten.div.Tensor" && n.op != "aten.sub.Tensor") continue;
+    ++seen;
+    ASSERT_EQ(n.inputs.size(), 2u) << n.name;
+    const int scalar_pos = n.op == "aten.div.Tensor" ? 1 : 0;
+    EXPECT_EQ(out.value(n.inputs[static_cast<size_t>(scalar_pos)]).numel(), 1) << n.name << ": the 6 stays where it was";
+    EXPECT_EQ(out.value(n.inputs[static_cast<size_t>(1 - scalar_pos)]).shape, (std::vector<int64_t>{1, 8, 8, 8}))
+        << n.name << " runs on the NHWC tensor";
+  }
+  EXPECT_EQ(seen, 2);
+  engine::EngineDesc desc = compiler::compile_to_desc(g, {});  // and it still lowers
+  EXPECT_EQ(count_kind(desc, engine::StepKind::kConv), 1u);
+}
+
 TEST_F(ConvCompiler, OneByOneConvIsAGemmWithResidualAndRelu) {
   ir::Graph g;
   int x = g.add_input("x", DType::kFloat32, {2, 16, 8, 8});
