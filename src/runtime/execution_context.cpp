@@ -46,6 +46,8 @@ Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
   // On failure `context` is destroyed, freeing whatever was allocated.
   KILN_RETURN_IF_ERROR(context->allocate_buffers());
   KILN_RETURN_IF_ERROR(context->prepare_steps());
+  if (StepProfiler::requested())
+    KILN_RETURN_IF_ERROR(context->profiler_.init(context->engine_->desc().steps.size()));
 
   if (context->graphs_enabled_ && context->scratch_ != nullptr) {
     // The scratch may move under a recorded graph, and its lock must cover
@@ -69,6 +71,7 @@ Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
 }
 
 ExecutionContext::~ExecutionContext() {
+  profiler_.report(engine_->desc());
   graph_.reset();
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   for (cublasLtMatmulDesc_t op : owned_ops_) (void)cublasLtMatmulDescDestroy(op);
@@ -334,9 +337,20 @@ Status ExecutionContext::run_step(size_t step, cudaStream_t stream) {
 Status ExecutionContext::run(cudaStream_t stream) {
   KILN_RETURN_IF_ERROR(ensure_current_device(engine_->device()));
   const size_t n = engine_->desc().steps.size();
+  bool profile = false;
+  if (profiler_.active()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    KILN_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    profile = capture == cudaStreamCaptureStatusNone;
+  }
   for (size_t i = 0; i < n; ++i) {
+    if (profile) KILN_RETURN_IF_ERROR(profiler_.mark(i, stream));
     Status status = run_step(i, stream);
     if (!status.is_ok()) return status.with_context(step_label(engine_->desc(), i));
+  }
+  if (profile) {
+    KILN_RETURN_IF_ERROR(profiler_.mark(n, stream));
+    KILN_RETURN_IF_ERROR(profiler_.finish_run());
   }
   return Status::ok();
 }

@@ -24,6 +24,7 @@
 #include "engine_format/engine_desc.h"
 #include "runtime/cuda_graph.h"
 #include "runtime/engine.h"
+#include "runtime/step_profiler.h"
 #include "runtime/shared_scratch.h"
 
 namespace kiln::runtime {
@@ -195,6 +196,7 @@ class ExecutionContext {
   std::vector<IoBuffer> host_io_;  // execute_host's arguments, sized once
 
   ContextStats stats_;
+  StepProfiler profiler_;  // KILN_PROFILE_STEPS=1 only
 };
 
 }  // namespace kiln::runtime

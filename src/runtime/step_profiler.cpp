@@ -1,0 +1,86 @@
+#include "runtime/step_profiler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "runtime/cuda_check.h"
+
+namespace kiln::runtime {
+namespace {
+
+std::string describe(const engine::EngineDesc& desc, size_t i) {
+  const engine::Step& s = desc.steps[i];
+  char text[192];
+  if (s.kind == engine::StepKind::kConv) {
+    const engine::ConvStep& c = s.conv;
+    std::snprintf(text, sizeof(text), "conv %s %lldx%lldx%lldx%lld -> %lld, %lldx%lld s%lld g%lld",
+                  engine::dtype_name(desc.tensors[c.x].dtype), static_cast<long long>(c.n),
+                  static_cast<long long>(c.h), static_cast<long long>(c.w_in), static_cast<long long>(c.c),
+                  static_cast<long long>(c.k), static_cast<long long>(c.r), static_cast<long long>(c.s),
+                  static_cast<long long>(c.stride_h), static_cast<long long>(c.groups));
+  } else if (s.kind == engine::StepKind::kGemm) {
+    const engine::GemmStep& g = s.gemm;
+    std::snprintf(text, sizeof(text), "gemm m=%lld n=%lld k=%lld batch=%lld", static_cast<long long>(g.m),
+                  static_cast<long long>(g.n), static_cast<long long>(g.k), static_cast<long long>(g.batch));
+  } else {
+    std::snprintf(text, sizeof(text), "kernel %s grid=%ux%u block=%ux%u", s.kernel.function.c_str(),
+                  s.kernel.grid[0], s.kernel.grid[1], s.kernel.block[0], s.kernel.block[1]);
+  }
+  return std::string(text) + " [" + s.label + "]";
+}
+
+}  // namespace
+
+bool StepProfiler::requested() {
+  const char* v = std::getenv("KILN_PROFILE_STEPS");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+Status StepProfiler::init(size_t steps) {
+  events_.assign(steps + 1, nullptr);
+  total_ms_.assign(steps, 0.0);
+  for (cudaEvent_t& e : events_) KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  return Status::ok();
+}
+
+StepProfiler::~StepProfiler() {
+  for (cudaEvent_t e : events_)
+    if (e != nullptr) (void)cudaEventDestroy(e);
+}
+
+Status StepProfiler::mark(size_t boundary, cudaStream_t stream) {
+  KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[boundary], stream));
+  return Status::ok();
+}
+
+Status StepProfiler::finish_run() {
+  KILN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_.back()));
+  for (size_t i = 0; i < total_ms_.size(); ++i) {
+    float ms = 0.0f;
+    KILN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+    total_ms_[i] += ms;
+  }
+  ++runs_;
+  return Status::ok();
+}
+
+void StepProfiler::report(const engine::EngineDesc& desc) const {
+  if (runs_ == 0) return;
+  std::vector<size_t> order(total_ms_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return total_ms_[a] > total_ms_[b]; });
+  const double sum = std::accumulate(total_ms_.begin(), total_ms_.end(), 0.0);
+  std::fprintf(stderr, "kiln profile: %zu steps, %lld plain runs, %.4f ms per run in steps\n", order.size(),
+               static_cast<long long>(runs_), sum / static_cast<double>(runs_));
+  for (size_t i : order) {
+    const double us = 1000.0 * total_ms_[i] / static_cast<double>(runs_);
+    std::fprintf(stderr, "kiln profile: %8.2f us %5.1f%%  step %3zu %s\n", us,
+                 sum > 0 ? 100.0 * total_ms_[i] / sum : 0.0, i + 1, describe(desc, i).c_str());
+  }
+}
+
+}  // namespace kiln::runtime
