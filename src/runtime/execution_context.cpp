@@ -342,11 +342,15 @@ Status ExecutionContext::run(cudaStream_t stream) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     KILN_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
     profile = capture == cudaStreamCaptureStatusNone;
+    if (profile) KILN_RETURN_IF_ERROR(profiler_.hold(stream));
   }
   for (size_t i = 0; i < n; ++i) {
     if (profile) KILN_RETURN_IF_ERROR(profiler_.mark(i, stream));
     Status status = run_step(i, stream);
-    if (!status.is_ok()) return status.with_context(step_label(engine_->desc(), i));
+    if (!status.is_ok()) {
+      if (profile) (void)profiler_.finish_run();  // releases the held stream
+      return status.with_context(step_label(engine_->desc(), i));
+    }
   }
   if (profile) {
     KILN_RETURN_IF_ERROR(profiler_.mark(n, stream));

@@ -1,11 +1,13 @@
 #include "runtime/step_profiler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 
 #include "runtime/cuda_check.h"
 
@@ -48,8 +50,24 @@ Status StepProfiler::init(size_t steps) {
 }
 
 StepProfiler::~StepProfiler() {
+  gate_.store(1, std::memory_order_release);
   for (cudaEvent_t e : events_)
     if (e != nullptr) (void)cudaEventDestroy(e);
+}
+
+// Runs on CUDA's callback thread; gives up after 2 s so a run that fails
+// half-way can never hang the stream.
+void CUDART_CB StepProfiler::wait_for_release(void* gate) {
+  auto* flag = static_cast<std::atomic<int>*>(gate);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (flag->load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+}
+
+Status StepProfiler::hold(cudaStream_t stream) {
+  gate_.store(0, std::memory_order_release);
+  KILN_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, &StepProfiler::wait_for_release, &gate_));
+  return Status::ok();
 }
 
 Status StepProfiler::mark(size_t boundary, cudaStream_t stream) {
@@ -58,6 +76,7 @@ Status StepProfiler::mark(size_t boundary, cudaStream_t stream) {
 }
 
 Status StepProfiler::finish_run() {
+  gate_.store(1, std::memory_order_release);
   KILN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_.back()));
   for (size_t i = 0; i < total_ms_.size(); ++i) {
     float ms = 0.0f;

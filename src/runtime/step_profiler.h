@@ -1,14 +1,16 @@
 // Per-step GPU times of plain (non-graph) runs, for finding which kernels take
 // an engine's time: KILN_PROFILE_STEPS=1 in the environment. Events are made
-// when the context is created; a profiled run records one event per step
-// boundary and waits for the last one (so profiling changes the overlap of
-// runs, not the steps). The table (slowest steps first, with each step's
+// when the context is created; a profiled run holds its stream with a host
+// function until every step is enqueued, so the GPU then runs the steps back
+// to back and each event interval is GPU time (as under graph replay), not
+// the CPU's launch cost. The run then waits for its last event. The table (slowest steps first, with each step's
 // label and summary) goes to stderr when the context is destroyed. Off (the
 // default), it costs one branch per run.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +28,8 @@ class StepProfiler {
   ~StepProfiler();
 
   bool active() const { return !events_.empty(); }
+  // Before the first step: holds `stream` until finish_run() releases it.
+  Status hold(cudaStream_t stream);
   // Around each step of a run on `stream` (never called while capturing).
   Status mark(size_t boundary, cudaStream_t stream);
   // After the last step: waits for the run and adds each step's time.
@@ -33,6 +37,9 @@ class StepProfiler {
   void report(const engine::EngineDesc& desc) const;
 
  private:
+  static void CUDART_CB wait_for_release(void* gate);
+
+  std::atomic<int> gate_{1};
   std::vector<cudaEvent_t> events_;
   std::vector<double> total_ms_;
   int64_t runs_ = 0;
