@@ -240,11 +240,11 @@ ExecPlan fuse(ir::Graph& graph) {
     std::string label;
     for (int in : node.inputs) {
       int g = group_of[static_cast<size_t>(in)];
-      // Same shape, or a short chain on a smaller broadcast operand (e.g. a
+      // Same shape, or a short chain (<= 8 ops) on a smaller broadcast operand (e.g. a
       // squeeze-excitation gate [n,1,1,c] scaling [n,h,w,c]): recomputing a
       // few ops per output element is cheaper than a launch and a round trip.
       const bool same_shape = graph.value(in).shape == graph.value(out).shape;
-      const bool small_broadcast = g >= 0 && plan.ops[static_cast<size_t>(g)].pointwise.nodes.size() <= 4 &&
+      const bool small_broadcast = g >= 0 && plan.ops[static_cast<size_t>(g)].pointwise.nodes.size() <= 8 &&
                                    graph.value(in).shape.size() == graph.value(out).shape.size();
       if (g >= 0 && !dead[static_cast<size_t>(g)] && single_use(in) && (same_shape || small_broadcast)) {
         PlannedOp& producer = plan.ops[static_cast<size_t>(g)];
@@ -256,6 +256,38 @@ ExecPlan fuse(ir::Graph& graph) {
       } else if (std::find(p.inputs.begin(), p.inputs.end(), in) == p.inputs.end()) {
         p.inputs.push_back(in);
       }
+    }
+    // A producer with several consumers still fuses when every consumer is
+    // now inside this kernel: fp16 SiLU is cast(x) -> sigmoid, mul -> cast,
+    // and its leading cast was once a kernel of its own (49 in efficientnet).
+    bool merged_shared = false;
+    for (int in : node.inputs) {
+      int g = group_of[static_cast<size_t>(in)];
+      if (g < 0 || dead[static_cast<size_t>(g)] || is_output[static_cast<size_t>(in)]) continue;
+      if (graph.value(in).shape != graph.value(out).shape) continue;
+      bool all_inside = true;
+      for (int c : consumers[static_cast<size_t>(in)])
+        all_inside &= c == static_cast<int>(n) || std::find(p.nodes.begin(), p.nodes.end(), c) != p.nodes.end();
+      if (!all_inside) continue;
+      PlannedOp& producer = plan.ops[static_cast<size_t>(g)];
+      p.nodes.insert(p.nodes.end(), producer.pointwise.nodes.begin(), producer.pointwise.nodes.end());
+      for (int x : producer.pointwise.inputs)
+        if (std::find(p.inputs.begin(), p.inputs.end(), x) == p.inputs.end()) p.inputs.push_back(x);
+      label = producer.label + "+" + label;
+      dead[static_cast<size_t>(g)] = true;
+      merged_shared = true;
+    }
+    if (merged_shared) {
+      // Graph order is topological, so sorting restores producers-first; the
+      // shared values are computed inside now, not read.
+      std::sort(p.nodes.begin(), p.nodes.end());
+      p.inputs.erase(std::remove_if(p.inputs.begin(), p.inputs.end(),
+                                    [&](int v) {
+                                      int producer = graph.value(v).producer;
+                                      return producer >= 0 &&
+                                             std::find(p.nodes.begin(), p.nodes.end(), producer) != p.nodes.end();
+                                    }),
+                     p.inputs.end());
     }
     p.nodes.push_back(static_cast<int>(n));
     p.out = out;

@@ -117,6 +117,31 @@ TEST_F(CompilerPipeline, BroadcastAddFusesWithActivation) {
   EXPECT_EQ(d.arena_bytes, 0u);
 }
 
+// fp16 SiLU as exported: y = cast16(c * sigmoid(c)), c = cast32(x). The cast
+// feeds two ops of the same kernel, so it fuses too: one kernel, not two.
+TEST_F(CompilerPipeline, SharedProducerFusesWhenAllItsConsumersDo) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat16, {4, 6});
+  int up = g.add_node("aten._to_copy.default", "up", {x}, {}, {{DType::kFloat32, {4, 6}}});
+  int c = g.nodes()[up].outputs[0];
+  int sig = g.add_node("aten.sigmoid.default", "sig", {c}, {}, {{DType::kFloat32, {4, 6}}});
+  int mul = g.add_node("aten.mul.Tensor", "mul", {c, g.nodes()[sig].outputs[0]}, {}, {{DType::kFloat32, {4, 6}}});
+  int down = g.add_node("aten._to_copy.default", "down", {g.nodes()[mul].outputs[0]}, {},
+                        {{DType::kFloat16, {4, 6}}});
+  g.set_outputs({g.nodes()[down].outputs[0]});
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  ASSERT_EQ(d.steps.size(), 1u) << "the leading cast is not a kernel of its own";
+  EXPECT_EQ(d.steps[0].label, "_to_copy+sigmoid+mul+_to_copy");
+  EXPECT_EQ(d.steps[0].kernel.args.size(), 3u) << "out, x, count: the cast's result is not read from memory";
+  EXPECT_EQ(d.arena_bytes, 0u);
+
+  // A producer whose value also leaves the kernel stays a kernel of its own.
+  ir::Graph h = g;
+  h.set_outputs({h.nodes()[down].outputs[0], c});
+  engine::EngineDesc e = compiler::compile_to_desc(h, {});
+  EXPECT_EQ(e.steps.size(), 2u);
+}
+
 TEST_F(CompilerPipeline, OutputThatIsAnInputIsCopied) {
   ir::Graph g;
   int x = g.add_input("x", DType::kFloat16, {3, 5});
