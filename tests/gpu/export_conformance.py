@@ -63,9 +63,9 @@ def export_conv_cases(out: Path) -> list:
             torch.save(model.state_dict(), out / f"{name}.state_dict.pt")
             entries.append({"name": name, "pte": f"{name}.pte", "state_dict": f"{name}.state_dict.pt",
                             "module": "conformance_models", "factory": factory, "model_dtype": dname,
-                            # cuDNN/cuBLASLt and PyTorch sum in different orders (fp32
-                            # accumulation): allow a few ulps more than pure elementwise.
-                            "rtol": rtol if dtype != torch.float32 else 1e-4,
+                            # cuDNN/cuBLASLt sum in another order than PyTorch; the H200
+                            # measured 5e-8..3e-7 in fp32, well inside 1e-5.
+                            "rtol": rtol,
                             "inputs": [[list(t.shape), dname] for t in inputs],
                             "delegates": compiled.delegates})
     return entries
