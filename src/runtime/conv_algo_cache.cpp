@@ -90,13 +90,17 @@ std::string conv_cache_key(const ConvSignature& s) {
   k += s.relu ? "/relu" : "/id";
   k += s.has_bias ? "/bias" : "/nobias";
   k += !s.has_z ? "/z-" : (s.z_is_out ? "/z=out" : "/z+");
-  k += "/al";
-  for (uint32_t a : {s.align_x, s.align_w, s.align_bias, s.align_z, s.align_out}) {
-    append_int(&k, a);
-    k += ".";
-  }
-  k.pop_back();
+  append_key_list(&k, "/al", {s.align_x, s.align_w, s.align_bias, s.align_z, s.align_out});
   return k;
+}
+
+void append_key_list(std::string* key, const char* tag, std::initializer_list<int64_t> values) {
+  *key += tag;
+  for (int64_t v : values) {
+    append_int(key, v);
+    *key += ".";
+  }
+  if (values.size() > 0) key->pop_back();
 }
 
 std::string format_cache_line(const std::string& key, const ConvAlgoChoice& c) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <initializer_list>
 #include <string>
 
 #include "engine_format/engine_desc.h"
@@ -59,6 +60,10 @@ ConvSignature make_conv_signature(const engine::ConvStep& step, engine::DType dt
 // "conv1/sm90/cudnn91900/float16/x8x56x56x64/k64r3s3/o56x56/pad1x1/str1x1/dil1x1/g1/
 //  relu/bias/z-/al256.256.256.256.256".
 std::string conv_cache_key(const ConvSignature& sig);
+
+// Appends `tag` and the values joined by '.' ("/al16.16.4") to a cache key;
+// shared by the conv and GEMM keys so both spell lists the same way.
+void append_key_list(std::string* key, const char* tag, std::initializer_list<int64_t> values);
 
 struct ConvAlgoChoice {
   int algo = 0;          // cudnnConvolutionFwdAlgo_t

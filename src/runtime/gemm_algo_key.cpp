@@ -1,5 +1,7 @@
 #include "runtime/gemm_algo_key.h"
 
+#include "runtime/conv_algo_cache.h"
+
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -86,19 +88,9 @@ std::string gemm_cache_key(const GemmSignature& s) {
   k += epilogue_name(s.epilogue);
   k += "/b";
   append_int(&k, s.batch);
-  k += "/s";
-  for (int64_t v : {s.stride_a, s.stride_b, s.stride_c, s.stride_out}) {
-    append_int(&k, v);
-    k += ".";
-  }
-  k.pop_back();
+  append_key_list(&k, "/s", {s.stride_a, s.stride_b, s.stride_c, s.stride_out});
   k += !s.has_c ? "/c-" : (s.c_is_out ? "/c=out" : "/c+");
-  k += "/al";
-  for (uint32_t a : {s.align_a, s.align_b, s.align_c, s.align_bias, s.align_out}) {
-    append_int(&k, a);
-    k += ".";
-  }
-  k.pop_back();
+  append_key_list(&k, "/al", {s.align_a, s.align_b, s.align_c, s.align_bias, s.align_out});
   return k;
 }
 
