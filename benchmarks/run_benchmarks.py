@@ -57,6 +57,9 @@ import vision_models  # noqa: E402
 from peer_timing import time_callable  # noqa: E402
 
 ALL_PEERS = ("kiln",) + results_table.PEERS
+# Cheapest first: peers run in the order given, one peer across all models at
+# a time, so a deadline drops the costliest compiles, not whole models.
+DEFAULT_PEERS = ("kiln", "eager", "reduce_overhead", "compile", "max_autotune", "aoti")
 COMPILE_MODES = {"compile": None, "max_autotune": "max-autotune-no-cudagraphs", "reduce_overhead": "reduce-overhead"}
 
 
@@ -188,13 +191,28 @@ def run_aoti(entry: dict, args, work: Path, channels_last: bool) -> dict:
     return {"status": "failed", "error": "; ".join(attempts)}
 
 
+def build_peer_model(model_name: str, batch: int, args):
+    """The fp16 model on the GPU with the export's weights (checksum returned
+    for checking), a fresh random input, channels_last for convnets."""
+    model, (x,) = vision_models.build(model_name, batch, torch.float16)
+    checksum = vision_models.checksum(model)
+    channels_last = model_name in vision_models.CONV_MODELS and not args.no_channels_last
+    model = model.cuda()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(x.shape, device="cuda", dtype=x.dtype).contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return model, x, checksum, channels_last
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--carry", default=".gpu_carry", help="carry folder holding vision_* groups (or one group)")
     parser.add_argument("--runner", type=Path, default=ROOT / "build-gpu/tools/kiln_runner/kiln_runner")
     parser.add_argument("--models", default=",".join(vision_models.MODELS))
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--peers", default=",".join(ALL_PEERS), help=f"subset of {','.join(ALL_PEERS)}")
+    parser.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                        help=f"subset of {','.join(ALL_PEERS)}, run in this order (kiln always first)")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--peer-budget-s", type=float, default=240, help="time budget of one peer (compile included)")
@@ -212,6 +230,10 @@ def main() -> int:
     bad = [p for p in peers if p not in ALL_PEERS]
     if bad:
         parser.error(f"unknown peers {bad}; known: {','.join(ALL_PEERS)}")
+    if not torch.cuda.is_available():
+        print("run_benchmarks.py: no CUDA GPU here (torch.cuda.is_available() is False); "
+              "run it on the GPU machine (scripts/gpu_bench.sh)", file=sys.stderr)
+        return 2
     torch.backends.cudnn.benchmark = True  # what a PyTorch user benchmarking a convnet sets
     meta = gpu_meta(args)
     log(f"GPU {meta['gpu']} driver {meta.get('driver')} torch {meta['torch']} commit {meta['commit']}")
@@ -225,79 +247,74 @@ def main() -> int:
     def save():
         results_table.write_results(result, args.results_dir, args.stem)
 
+    def late():
+        return args.deadline_s and time.perf_counter() - t0 > args.deadline_s
+
+    rows = []
     for model_name in models:
         for batch in batches:
             entry = by_key.get((model_name, batch))
             row = {"model": model_name, "batch": batch, "dtype": "float16", "kiln": {}, "peers": {}}
-            result["rows"].append(row)
             if entry:
                 row.update({k: entry.get(k) for k in ("export_s", "pte_bytes", "cpu_fallback_ops")})
-            def late():
-                return args.deadline_s and time.perf_counter() - t0 > args.deadline_s
-            # Kiln.
+            result["rows"].append(row)
+            rows.append((row, entry))
+
+    # Kiln first (seconds per model), then one peer at a time across every
+    # model, in the order --peers gives: a deadline then drops the last
+    # (costliest) peers, never whole models.
+    if "kiln" in peers:
+        for row, entry in rows:
             for mode, graphs in (("plain", False), ("graphs", True)):
-                if "kiln" not in peers:
-                    continue
                 if entry is None:
                     row["kiln"][mode] = {"status": "skipped", "error": "no float16 entry in the carried manifest"}
                 elif late():
                     row["kiln"][mode] = {"status": "skipped", "error": "deadline"}
                 else:
-                    log(f"{model_name} b{batch}: kiln {mode}")
+                    log(f"{row['model']} b{row['batch']}: kiln {mode}")
                     row["kiln"][mode] = run_kiln(entry, args, graphs, work)
                     log(f"  -> {results_table._fmt_ms(row['kiln'][mode])} ms {row['kiln'][mode].get('error', '')[:300]}")
                 save()
-            torch_peers = [p for p in results_table.PEERS if p in peers]
-            if not torch_peers:
+    for p in [p for p in peers if p in results_table.PEERS]:
+        for row, entry in rows:
+            model_name, batch = row["model"], row["batch"]
+            if late():
+                row["peers"][p] = {"status": "skipped", "error": "deadline"}
                 continue
-            # PyTorch peers: the same weights, checked.
             try:
-                model, (x,) = vision_models.build(model_name, batch, torch.float16)
-                checksum = vision_models.checksum(model)
+                model, x, checksum, channels_last = build_peer_model(model_name, batch, args)
                 row["checksum_ok"] = entry is None or checksum == entry["checksum"]
                 if not row["checksum_ok"]:
                     log(f"WARNING {model_name}: state-dict checksum differs from the exported model's")
-                channels_last = model_name in vision_models.CONV_MODELS and not args.no_channels_last
-                model = model.cuda()
-                x = x.cuda()
-                if channels_last:
-                    model = model.to(memory_format=torch.channels_last)
-                    x = x.contiguous(memory_format=torch.channels_last)
-                x = torch.randn(x.shape, device="cuda", dtype=x.dtype).contiguous(
-                    memory_format=torch.channels_last if channels_last else torch.contiguous_format)
             except Exception as e:  # noqa: BLE001
-                for p in torch_peers:
-                    row["peers"][p] = {"status": "failed", "error": f"model build: {e!r}"}
+                row["peers"][p] = {"status": "failed", "error": f"model build: {e!r}"}
                 save()
                 continue
-            for p in torch_peers:
-                if late():
-                    row["peers"][p] = {"status": "skipped", "error": "deadline"}
-                    continue
-                log(f"{model_name} b{batch}: {p}")
-                try:
-                    if p == "aoti":
-                        row["peers"][p] = run_aoti(entry or {"name": f"{model_name}_fp16_b{batch}", "model": model_name,
-                                                             "batch": batch, "dtype": "float16",
-                                                             "checksum": checksum},
-                                                   args, work, channels_last)
-                    else:
-                        row["peers"][p] = run_compiled_peer(p, model, x, args)
-                except BaseException as e:  # noqa: BLE001 - a peer never stops the run
-                    if isinstance(e, KeyboardInterrupt):
-                        raise
-                    row["peers"][p] = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:800],
-                                       "traceback": traceback.format_exc()[-2000:]}
-                run = row["peers"][p]
-                extra = f" (compile {run['compile_s']:.1f} s)" if run.get("compile_s") else ""
-                log(f"  -> {results_table._fmt_ms(run)} ms{extra} {str(run.get('error', ''))[:300]}")
-                save()
+            log(f"{model_name} b{batch}: {p}")
+            try:
+                if p == "aoti":
+                    row["peers"][p] = run_aoti(entry or {"name": f"{model_name}_fp16_b{batch}", "model": model_name,
+                                                         "batch": batch, "dtype": "float16", "checksum": checksum},
+                                               args, work, channels_last)
+                else:
+                    row["peers"][p] = run_compiled_peer(p, model, x, args)
+            except BaseException as e:  # noqa: BLE001 - a peer never stops the run
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                row["peers"][p] = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:800],
+                                   "traceback": traceback.format_exc()[-2000:]}
+            run = row["peers"][p]
+            extra = f" (compile {run['compile_s']:.1f} s)" if run.get("compile_s") else ""
+            log(f"  -> {results_table._fmt_ms(run)} ms{extra} {str(run.get('error', ''))[:300]}")
+            save()
             del model, x
             torch._dynamo.reset()
             gc.collect()
-            torch.cuda.empty_cache()
-            r = results_table.ratio(row)
-            log(f"{model_name} b{batch}: ratio best peer / Kiln = {'-' if r is None else f'{r:.2f}x'}")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    for row, _ in rows:
+        r = results_table.ratio(row)
+        log(f"{row['model']} b{row['batch']}: ratio best peer / Kiln = {'-' if r is None else f'{r:.2f}x'}")
     js, md = results_table.write_results(result, args.results_dir, args.stem)
     print(md.read_text())
     log(f"wrote {js} and {md} in {time.perf_counter() - t0:.0f} s")

@@ -130,3 +130,53 @@ def test_runner_rejects_bad_timing_flags(flag, message):
     proc = subprocess.run([str(RUNNER), "--model_path=x.pte", flag], capture_output=True, text=True)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_kiln_first_then_one_peer_at_a_time_and_a_deadline_drops_the_last_peers(tmp_path, monkeypatch):
+    """The run's order (the GPU parts faked): every Kiln measurement first, then
+    each peer across all models in --peers order, so a deadline drops the
+    last peers, not whole models."""
+    import run_benchmarks as rb
+
+    clock = [0.0]
+    monkeypatch.setattr(rb.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(rb.torch.cuda, "is_available", lambda: True)
+    meta = dict(synthetic()["meta"])
+    monkeypatch.setattr(rb, "gpu_meta", lambda args: meta)
+    models = ("mlp_policy", "resnet50")
+    entries = [{"model": m, "batch": 1, "dtype": "float16", "checksum": "sum", "name": f"{m}_fp16_b1"} for m in models]
+    monkeypatch.setattr(rb.vision_bundle, "load_entries", lambda *a, **k: entries)
+    calls = []
+
+    def kiln(entry, args, graphs, work):
+        calls.append(("kiln", entry["model"], graphs))
+        return ok(1.0)
+
+    def peer(p, model, x, args):
+        calls.append((p, model))
+        clock[0] += 100.0  # each compiled peer "takes" 100 s
+        return ok(2.0, compile_s=1.0)
+
+    monkeypatch.setattr(rb, "run_kiln", kiln)
+    monkeypatch.setattr(rb, "run_compiled_peer", peer)
+    monkeypatch.setattr(rb, "build_peer_model", lambda m, b, a: (m, None, "sum", False))
+    monkeypatch.setattr(sys, "argv", ["run_benchmarks.py", "--carry", str(tmp_path), "--models", ",".join(models),
+                                      "--batches", "1", "--peers", "kiln,eager,reduce_overhead,compile",
+                                      "--deadline-s", "250", "--results-dir", str(tmp_path / "r"), "--stem", "t"])
+    assert rb.main() == 0
+    assert calls == [("kiln", "mlp_policy", False), ("kiln", "mlp_policy", True),
+                     ("kiln", "resnet50", False), ("kiln", "resnet50", True),
+                     ("eager", "mlp_policy"), ("eager", "resnet50"), ("reduce_overhead", "mlp_policy")]
+    rows = {r["model"]: r for r in json.loads((tmp_path / "r" / "t.json").read_text())["rows"]}
+    assert rows["resnet50"]["peers"]["reduce_overhead"] == {"status": "skipped", "error": "deadline"}
+    assert rows["mlp_policy"]["peers"]["compile"]["status"] == "skipped"
+    assert rows["mlp_policy"]["peers"]["eager"]["status"] == "ok"
+
+
+def test_benchmark_refuses_to_run_without_a_gpu(monkeypatch, capsys):
+    import run_benchmarks as rb
+
+    monkeypatch.setattr(rb.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["run_benchmarks.py"])
+    assert rb.main() == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
