@@ -3,8 +3,9 @@
 # runtime, delegate and runner against the carried ExecuTorch C++ SDK, then
 # runs the GPU tests against PyTorch. Prepare the carried folder on the CPU
 # machine with scripts/prepare_gpu_bundle.sh; logs go to $OUT (or out/gpu).
-# Parts whose carried files are absent are skipped (a call carries either
-# $bundle/models or the vision groups $bundle/vision_*, see docs/benchmarks.md).
+# Parts whose carried files are absent are skipped: one call carries at most
+# 64 MiB, so carry executorch_sdk + COMMIT with either models/ (the sample
+# MLPs, 47 MB) or conformance/ + vision_* (about 25 MB); see docs/benchmarks.md.
 # KILN_SKIP_VISION=1 skips the vision models' numerics even when carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,11 +27,11 @@ vision_args=()
 if [ "${KILN_SKIP_VISION:-0}" != 1 ] && ls "$bundle"/vision_*/manifest_vision.json >/dev/null 2>&1; then
   vision_args=(--vision "$bundle")
 fi
-if [ -d "$bundle/models" ] || ((${#vision_args[@]})); then
-  PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" "${vision_args[@]}" \
+if [ -d "$bundle/models" ] || [ -d "$bundle/conformance" ] || ((${#vision_args[@]})); then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" "$bundle/conformance" "${vision_args[@]}" \
     --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@" || gpu_tests_failed=1
 else
-  echo "no $bundle/models and no $bundle/vision_*: GPU model tests skipped"
+  echo "no $bundle/models, $bundle/conformance or $bundle/vision_*: GPU model tests skipped"
 fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # On the CPU machine: gathers what the GPU machine needs and cannot make
 # itself into .gpu_carry/ (git-ignored; pass it as a carried path): the
-# ExecuTorch C++ SDK from the wheel, the exported sample models with their
-# weights and a manifest, the commit they came from, and the benchmark models
-# (benchmarks/export_models.py: xz archives in carry groups vision_a,
-# vision_b, ...; each carried call holds at most 64 MiB, so carry
-# executorch_sdk + COMMIT with EITHER models OR the vision groups; see
-# docs/benchmarks.md).
+# ExecuTorch C++ SDK from the wheel, the exported sample models (models/) and
+# op conformance models (conformance/) with their weights and manifests, the
+# commit they came from, and the benchmark models (benchmarks/export_models.py:
+# xz archives in carry groups vision_a, vision_b, ...). Each carried call
+# holds at most 64 MiB, so carry executorch_sdk + COMMIT with EITHER models/
+# OR conformance/ + the vision groups; see docs/benchmarks.md.
 #
 # Environment:
 #   KILN_SKIP_VISION=1         skip the vision export (it takes CPU minutes);
@@ -21,7 +21,8 @@ mkdir -p "$bundle"
 rm -rf "$bundle/executorch_sdk" "$bundle/models" "$bundle/COMMIT"
 bash scripts/make_executorch_sdk.sh "$bundle/executorch_sdk"
 python3 examples/export_mlp.py --out "$bundle/models" --batch "${KILN_SAMPLE_BATCH:-8}"
-python3 tests/gpu/export_conformance.py --out "$bundle/models"
+rm -rf "$bundle/conformance"
+python3 tests/gpu/export_conformance.py --out "$bundle/conformance"
 if [ "${KILN_SKIP_VISION:-0}" = 1 ]; then
   echo "vision export skipped (KILN_SKIP_VISION=1); kept: $(ls -d "$bundle"/vision_* 2>/dev/null | tr '\n' ' ')"
 else

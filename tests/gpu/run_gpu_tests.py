@@ -167,7 +167,8 @@ def check_bad_inputs(entry, models_dir, runner, work, log):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", type=Path, help="folder with manifest*.json (sample/conformance models)")
+    parser.add_argument("--models", type=Path, nargs="*", default=[],
+                        help="folders with manifest*.json (sample models, conformance models); absent ones are skipped")
     parser.add_argument("--vision", nargs="*", default=[],
                         help="carry groups (or folders of them) with manifest_vision.json: the benchmark models")
     parser.add_argument("--vision-only", default="", help="comma-separated entry names or models to check (default all)")
@@ -182,10 +183,12 @@ def main():
     work = args.out / "work"
     work.mkdir(exist_ok=True)
     manifest = []
-    if args.models is not None and args.models.is_dir():
-        manifest = [entry for path in sorted(args.models.glob("manifest*.json")) for entry in json.loads(path.read_text())]
-    elif args.models is not None:
-        print(f"note: {args.models} is not here; sample and conformance models skipped")
+    for folder in args.models:
+        if not folder.is_dir():
+            print(f"note: {folder} is not here; its models are skipped")
+            continue
+        for path in sorted(folder.glob("manifest*.json")):
+            manifest += [dict(entry, _dir=folder) for entry in json.loads(path.read_text())]
     vision = []
     if args.vision:
         import vision_bundle
@@ -200,7 +203,7 @@ def main():
     with open(args.out / "gpu_tests.log", "w") as log:
         print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
         for entry in manifest:
-            results = check_model(entry, args.models, args.runner, work, log, args.trials)
+            results = check_model(entry, entry["_dir"], args.runner, work, log, args.trials)
             for r in results:
                 failed += not r["ok"]
                 summary.append({"model": entry["name"], **r})
@@ -216,7 +219,7 @@ def main():
                 print(f"{'PASS' if r['ok'] else 'FAIL'}  {entry['name']:<26} seed={r['seed']:<11} "
                       f"rel_err={','.join(r['rel_err'])} (rtol {r.get('rtol')})  kiln_runner median {r['median_ms']:.4f} ms",
                       flush=True)
-        for name, ok, detail in (check_bad_inputs(manifest[0], args.models, args.runner, work, log) if manifest else []):
+        for name, ok, detail in (check_bad_inputs(manifest[0], manifest[0]["_dir"], args.runner, work, log) if manifest else []):
             failed += not ok
             summary.append({"check": name, "ok": ok, "detail": detail})
             print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
