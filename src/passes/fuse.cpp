@@ -97,6 +97,10 @@ ExecPlan fuse(ir::Graph& graph) {
     if (node.op == ops::kConvNhwc) {
       ConvFusion f = plan_conv(graph, static_cast<int>(n), consumers, is_output, absorbed);
       for (int a : f.absorbed) absorbed[static_cast<size_t>(a)] = true;
+      for (PlannedOp& op : f.before) {
+        plan.ops.push_back(std::move(op));
+        dead.push_back(false);
+      }
       if (f.emit_at == static_cast<int>(n)) {
         plan.ops.push_back(std::move(f.op));
         dead.push_back(false);

@@ -2,15 +2,22 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "ops/conv_ops.h"
 
 namespace kiln::passes {
 namespace {
 
+// KILN_CONV_GEMM: unset or "1": stride-1 1x1 convs as GEMMs; "0": none;
+// "strided": strided 1x1 convs too (through a gather kernel).
 bool gemm_for_1x1() {
   const char* env = std::getenv("KILN_CONV_GEMM");
   return !(env && std::strcmp(env, "0") == 0);
+}
+bool gemm_for_strided_1x1() {
+  const char* env = std::getenv("KILN_CONV_GEMM");
+  return env && std::strcmp(env, "strided") == 0;
 }
 
 // The only consumer of `v` when v has exactly one and is not a graph output.
@@ -70,6 +77,10 @@ ConvFusion plan_conv(ir::Graph& g, int node_index, const std::vector<std::vector
   if (x.shape[3] != w.shape[3] * params.groups)
     throw CompileError("node '" + node.name + "': input channels do not match weight and groups");
   f.op.label = "conv";
+  // add_constant/add_node below may move the graph's values: keep copies.
+  const std::vector<int64_t> x_shape = x.shape, w_shape = w.shape, y_shape = y.shape;
+  const std::string x_name = x.name;
+  const engine::DType x_dtype = x.dtype, y_dtype = y.dtype;
 
   // Absorb: [+ bias] [+ residual] [relu], each the previous value's only use.
   int index = -1;
@@ -78,7 +89,7 @@ ConvFusion plan_conv(ir::Graph& g, int node_index, const std::vector<std::vector
   if (next && c.bias < 0 && next->op == "aten.add.Tensor" && unit_alpha(*next) && next->inputs.size() == 2 &&
       next->inputs[0] != next->inputs[1]) {
     const ir::Value& b = g.value(other_operand(*next, out));
-    if (is_channel_bias(b, k) && b.dtype == y.dtype && g.value(next->outputs[0]).shape == y.shape) {
+    if (is_channel_bias(b, k) && b.dtype == y_dtype && g.value(next->outputs[0]).shape == y_shape) {
       c.bias = b.shape.size() == 1 ? b.id : g.add_constant(b.name + "_k", b.dtype, {k}, b.data);
       out = next->outputs[0];
       f.absorbed.push_back(index);
@@ -90,8 +101,8 @@ ConvFusion plan_conv(ir::Graph& g, int node_index, const std::vector<std::vector
   if (next && next->op == "aten.add.Tensor" && unit_alpha(*next) && next->inputs.size() == 2 &&
       next->inputs[0] != next->inputs[1]) {
     const ir::Value& z = g.value(other_operand(*next, out));
-    if (z.shape == y.shape && z.dtype == y.dtype && g.value(next->outputs[0]).shape == y.shape &&
-        g.value(next->outputs[0]).dtype == y.dtype) {
+    if (z.shape == y_shape && z.dtype == y_dtype && g.value(next->outputs[0]).shape == y_shape &&
+        g.value(next->outputs[0]).dtype == y_dtype) {
       c.z = z.id;
       out = next->outputs[0];
       f.absorbed.push_back(index);
@@ -100,7 +111,7 @@ ConvFusion plan_conv(ir::Graph& g, int node_index, const std::vector<std::vector
       next = sole_consumer(g, out, consumers, is_output, absorbed, &index);
     }
   }
-  if (next && next->op == "aten.relu.default" && g.value(next->outputs[0]).dtype == y.dtype) {
+  if (next && next->op == "aten.relu.default" && g.value(next->outputs[0]).dtype == y_dtype) {
     c.relu = true;
     out = next->outputs[0];
     f.absorbed.push_back(index);
@@ -109,19 +120,36 @@ ConvFusion plan_conv(ir::Graph& g, int node_index, const std::vector<std::vector
   }
   c.out = out;
 
-  bool pointwise_1x1 = w.shape[1] == 1 && w.shape[2] == 1 && c.stride_h == 1 && c.stride_w == 1 && c.pad_h == 0 &&
-                       c.pad_w == 0 && c.groups == 1;
-  if (pointwise_1x1 && gemm_for_1x1()) {
-    // [n*h*w, c] x w[k, c]^T: the OHWI weight of a 1x1 conv is nn.Linear's layout.
+  const bool unstrided = c.stride_h == 1 && c.stride_w == 1;
+  const bool one_by_one = w_shape[1] == 1 && w_shape[2] == 1 && c.pad_h == 0 && c.pad_w == 0 && c.groups == 1;
+  if (one_by_one && gemm_for_1x1() && (unstrided || gemm_for_strided_1x1())) {
+    int a = c.x;
+    if (!unstrided) {
+      // xs[n, i, j, :] = x[n, i*stride_h, j*stride_w, :]: a layout kernel,
+      // then the same GEMM over the [n*p*q, c] rows.
+      const std::vector<int64_t> sub = {x_shape[0], y_shape[1], y_shape[2], x_shape[3]};
+      const std::string name = x_name + "_stride" + std::to_string(c.stride_h) + "x" + std::to_string(c.stride_w);
+      int copy = g.add_node("kiln.copy", name, {c.x}, {}, {{x_dtype, sub}});
+      a = g.nodes()[static_cast<size_t>(copy)].outputs[0];
+      PlannedOp gather;
+      gather.kind = PlannedOp::Kind::kPointwise;
+      gather.label = "strided_gather";
+      gather.pointwise.inputs = {c.x};
+      gather.pointwise.out = a;
+      const int64_t row = x_shape[2] * x_shape[3];  // elements per input row (w * c)
+      gather.pointwise.input_map.coef = {x_shape[1] * row, c.stride_h * row, c.stride_w * x_shape[3], 1};
+      f.before.push_back(std::move(gather));
+    }
+    // [n*p*q, c] x w[k, c]^T: the OHWI weight of a 1x1 conv is nn.Linear's layout.
     PlannedOp gemm;
     gemm.kind = PlannedOp::Kind::kGemm;
-    gemm.label = f.op.label + "(1x1 gemm)";
+    gemm.label = f.op.label + (unstrided ? "(1x1 gemm)" : "(strided 1x1 gemm)");
     GemmPlan& gp = gemm.gemm;
-    gp.a = c.x;
+    gp.a = a;
     gp.b = c.w;
     gp.b_transposed = true;
-    gp.m = x.shape[0] * x.shape[1] * x.shape[2];
-    gp.k = x.shape[3];
+    gp.m = y_shape[0] * y_shape[1] * y_shape[2];
+    gp.k = x_shape[3];
     gp.n = k;
     gp.bias = c.bias;
     if (c.z >= 0) {

@@ -4,7 +4,10 @@
 // A 1x1, stride-1, unpadded, ungrouped conv over NHWC is the GEMM
 // [n*h*w, c] x w[k, c]^T and becomes a cuBLASLt step with the same epilogues
 // (residual through c with beta = 1), unless KILN_CONV_GEMM=0 in the
-// environment forces cuDNN for comparison.
+// environment forces cuDNN for comparison. KILN_CONV_GEMM=strided also turns
+// strided 1x1 convs (resnet's downsample, 19-27 us each through cuDNN at
+// batch 1 on an H200) into a strided gather kernel plus that GEMM; it is
+// opt-in until measured on a GPU.
 #pragma once
 
 #include <vector>
@@ -15,6 +18,7 @@
 namespace kiln::passes {
 
 struct ConvFusion {
+  std::vector<PlannedOp> before;  // run at the conv's own position, ahead of `op`
   PlannedOp op;
   std::vector<int> absorbed;  // node indices folded into the step (not the conv itself)
   int emit_at = -1;           // node index after which the step can run (z must exist)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -212,6 +213,53 @@ TEST_F(ConvCompiler, ChannelsLastKeepsOperandOrderOfScalarOps) {
   EXPECT_EQ(seen, 2);
   engine::EngineDesc desc = compiler::compile_to_desc(g, {});  // and it still lowers
   EXPECT_EQ(count_kind(desc, engine::StepKind::kConv), 1u);
+}
+
+// KILN_CONV_GEMM=strided: a stride-2 1x1 conv (resnet's downsample) becomes a
+// gather of every other pixel plus the 1x1 GEMM; without it, a cuDNN conv.
+TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemmWhenAskedFor) {
+  auto build = [&] {
+    ir::Graph g;
+    int x = g.add_input("x", DType::kFloat32, {2, 4, 8, 6});  // NCHW: c=4, h=8, w=6
+    int w = g.add_constant("w", DType::kFloat32, {5, 4, 1, 1}, testing::random_float_bytes(5 * 4, rng_));
+    int y = add1(g, "aten.convolution.default", "down", {x, w}, conv_attrs(2, 0), {2, 5, 4, 3});
+    g.set_outputs({y});
+    return g;
+  };
+  unsetenv("KILN_CONV_GEMM");
+  engine::EngineDesc plain = compiler::compile_to_desc(build(), {});
+  EXPECT_EQ(count_kind(plain, engine::StepKind::kConv), 1u) << "opt-in only";
+
+  setenv("KILN_CONV_GEMM", "strided", 1);
+  ir::Graph g = build();
+  ir::Graph nhwc = passes::to_channels_last(g);
+  passes::ExecPlan plan = passes::fuse(nhwc);
+  engine::EngineDesc d = compiler::compile_to_desc(g, {});
+  unsetenv("KILN_CONV_GEMM");
+  EXPECT_EQ(count_kind(d, engine::StepKind::kConv), 0u);
+  EXPECT_EQ(count_label(d, "strided_gather"), 1u);
+  const passes::PlannedOp* gather = nullptr;
+  const passes::PlannedOp* gemm = nullptr;
+  for (const auto& op : plan.ops) {
+    if (op.label == "strided_gather") gather = &op;
+    if (op.kind == passes::PlannedOp::Kind::kGemm) gemm = &op;
+  }
+  ASSERT_NE(gather, nullptr);
+  ASSERT_NE(gemm, nullptr);
+  EXPECT_EQ(gemm->gemm.m, 2 * 4 * 3);
+  EXPECT_EQ(gemm->gemm.k, 4);
+  EXPECT_EQ(gemm->gemm.n, 5);
+  EXPECT_EQ(gemm->gemm.a, gather->pointwise.out) << "the GEMM reads the gathered rows";
+  // Every gathered element comes from x_nhwc[n, 2i, 2j, c].
+  const std::vector<int64_t>& coef = gather->pointwise.input_map.coef;
+  ASSERT_EQ(coef.size(), 4u);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 3; ++j)
+        for (int64_t c = 0; c < 4; ++c) {
+          const int64_t got = gather->pointwise.input_map.base + n * coef[0] + i * coef[1] + j * coef[2] + c * coef[3];
+          ASSERT_EQ(got, ((n * 8 + 2 * i) * 6 + 2 * j) * 4 + c) << n << "," << i << "," << j << "," << c;
+        }
 }
 
 TEST_F(ConvCompiler, OneByOneConvIsAGemmWithResidualAndRelu) {
