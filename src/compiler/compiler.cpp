@@ -5,13 +5,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
+#include "codegen/depthwise_codegen.h"
 #include "codegen/nvrtc_compiler.h"
 #include "codegen/pointwise_codegen.h"
 #include "codegen/pool_codegen.h"
 #include "codegen/reduce_codegen.h"
 #include "engine_format/engine_format.h"
+#include "passes/fuse_conv.h"
 #include "passes/passes.h"
 
 namespace kiln::compiler {
@@ -63,6 +67,17 @@ class Lowering {
         k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + codegen::kPoolBlock - 1) / codegen::kPoolBlock), 65536));
         k.block[0] = codegen::kPoolBlock;
         k.args = {tensor_arg(op.pool.out), tensor_arg(op.pool.input), int_arg(n)};
+      } else if (op.kind == passes::PlannedOp::Kind::kDepthwise) {
+        step.kind = engine::StepKind::kKernel;
+        std::string function = "kiln_dw_" + std::to_string(kernels++);
+        codegen::DepthwiseKernel gen = codegen::generate_depthwise_kernel(graph_, op.depthwise, function);
+        source += "\n" + gen.source;
+        engine::KernelStep& k = step.kernel;
+        k.function = function;
+        k.grid[0] = gen.grid;
+        k.block[0] = gen.block;
+        for (int v : gen.tensor_args) k.args.push_back(tensor_arg(v));
+        k.args.push_back(int_arg(gen.n));
       } else if (op.kind == passes::PlannedOp::Kind::kReduce) {
         step.kind = engine::StepKind::kKernel;
         std::string function = "kiln_reduce_" + std::to_string(kernels++);
@@ -244,6 +259,13 @@ class Lowering {
   std::map<int, uint32_t> index_;  // storage root value -> tensor index
 };
 
+// KILN_DEPTHWISE_KERNEL=1: depthwise convolutions as generated kernels with
+// their elementwise epilogue fused (default: cuDNN until measured).
+bool depthwise_kernels_enabled() {
+  const char* env = std::getenv("KILN_DEPTHWISE_KERNEL");
+  return env && std::strcmp(env, "1") == 0;
+}
+
 void report(const CompileOptions& options, const std::string& message) {
   if (options.progress) options.progress(message);
 }
@@ -268,6 +290,7 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
   engine::DType compute = passes::choose_compute_dtype(options.enabled_precisions);
   graph = passes::apply_precision(graph, compute);
   passes::ExecPlan plan = passes::fuse(graph);
+  if (depthwise_kernels_enabled()) passes::plan_depthwise_kernels(graph, plan);
   int gemms = 0, convs = 0;
   for (const auto& op : plan.ops) {
     gemms += op.kind == passes::PlannedOp::Kind::kGemm;

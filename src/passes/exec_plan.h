@@ -75,14 +75,28 @@ struct ReducePlan {
   std::vector<int64_t> dims;  // normalized, ascending
 };
 
+// A depthwise convolution (groups == c == k) as one generated kernel
+// (codegen/depthwise_codegen.h): conv.x [n,h,w,c], `weight` the OHWI weight
+// permuted to [r,s,c], conv.bias/relu as in ConvPlan (conv.z unused);
+// conv.out is the conv's value, never stored: the elementwise chain
+// `epilogue` (nodes, its other `inputs`, scalars/per-channel/full-shape) is
+// computed on it per element and writes `out` (conv.out when empty).
+struct DepthwisePlan {
+  ConvPlan conv;
+  int weight = -1;
+  PointwisePlan epilogue;
+  int out = -1;
+};
+
 struct PlannedOp {
-  enum class Kind { kGemm, kPointwise, kReduce, kConv, kPool } kind = Kind::kPointwise;
+  enum class Kind { kGemm, kPointwise, kReduce, kConv, kPool, kDepthwise } kind = Kind::kPointwise;
   std::string label;  // the op group, e.g. "addmm+relu" or "add+gelu"
   GemmPlan gemm;
   PointwisePlan pointwise;
   ReducePlan reduce;
   ConvPlan conv;
   PoolPlan pool;
+  DepthwisePlan depthwise;
 
   std::vector<int> reads() const;  // value ids read
   int writes() const {
@@ -91,6 +105,7 @@ struct PlannedOp {
       case Kind::kReduce: return reduce.out;
       case Kind::kConv: return conv.out;
       case Kind::kPool: return pool.out;
+      case Kind::kDepthwise: return depthwise.out;
       default: return pointwise.out;
     }
   }

@@ -29,4 +29,10 @@ struct ConvFusion {
 ConvFusion plan_conv(ir::Graph& graph, int node_index, const std::vector<std::vector<int>>& consumers,
                      const std::vector<bool>& is_output, const std::vector<bool>& absorbed);
 
+// Opt-in (KILN_DEPTHWISE_KERNEL=1, read by the compiler), after fuse():
+// depthwise kConv steps (groups == c == k, no residual) become kDepthwise
+// generated kernels, taking over the elementwise kernel that is the conv
+// value's only reader as their epilogue. Adds [r,s,c] weight constants.
+void plan_depthwise_kernels(ir::Graph& graph, ExecPlan& plan);
+
 }  // namespace kiln::passes

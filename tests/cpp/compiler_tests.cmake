@@ -8,3 +8,12 @@ add_executable(kiln_compiler_tests
   compiler_conv_test.cpp)
 target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main)
 gtest_discover_tests(kiln_compiler_tests)
+
+# Depthwise conv kernels: the generated CUDA source is compiled as host C++
+# (through cuda_host_shim.h, with this build's C++ compiler) and run on the CPU.
+add_executable(kiln_compiler_depthwise_tests compiler_depthwise_test.cpp compiler_test_util.cpp)
+target_compile_definitions(kiln_compiler_depthwise_tests PRIVATE
+  KILN_HOST_CXX="${CMAKE_CXX_COMPILER}"
+  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
+target_link_libraries(kiln_compiler_depthwise_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
+gtest_discover_tests(kiln_compiler_depthwise_tests)
