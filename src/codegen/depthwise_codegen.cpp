@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
+#include "codegen/pointwise_codegen.h"
 #include "ops/pointwise_ops.h"
 
 namespace kiln::codegen {
@@ -151,28 +152,9 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
           << ";\n";
         name_of[plan.epilogue.inputs[j]] = var;
       }
-      last[static_cast<size_t>(l)] = "v" + L;
-      for (size_t t = 0; t < plan.epilogue.nodes.size(); ++t) {
-        const ir::Node& node = graph.nodes().at(static_cast<size_t>(plan.epilogue.nodes[t]));
-        if (const ops::PointwiseOp* op = ops::find_pointwise_op(node.op);
-            op && static_cast<int>(node.inputs.size()) != op->tensor_inputs)
-          throw CompileError("internal: node '" + node.name + "' (" + node.op + ") has " +
-                             std::to_string(node.inputs.size()) + " tensor inputs, expected " +
-                             std::to_string(op->tensor_inputs));
-        std::vector<std::string> operands;
-        for (int in : node.inputs) {
-          auto it = name_of.find(in);
-          if (it == name_of.end())
-            throw CompileError("node '" + node.name + "': operand '" + graph.value(in).name +
-                               "' is not available in the depthwise conv's epilogue");
-          operands.push_back(it->second);
-        }
-        const std::string var = "t" + std::to_string(t) + "_" + L;
-        b << "      const float " << var << " = " << ops::pointwise_expression(node, operands) << ";  // " << node.name
-          << "\n";
-        name_of[node.outputs.at(0)] = var;
-        last[static_cast<size_t>(l)] = var;
-      }
+      const std::string chain_last = emit_elementwise_chain(graph, plan.epilogue.nodes, name_of, "_" + L, "      ",
+                                                            "the depthwise conv's epilogue", b);
+      last[static_cast<size_t>(l)] = chain_last.empty() ? "v" + L : chain_last;
     }
     if (vec) {
       const std::string vt = vector_type(out.dtype, lanes);

@@ -69,6 +69,36 @@ __device__ __forceinline__ float kiln_hardswish(float x) { return x * kiln_hards
 )";
 }
 
+std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int>& nodes,
+                                   std::map<int, std::string>& name_of, const std::string& suffix,
+                                   const std::string& indent, const std::string& where, std::ostream& out) {
+  std::string last;
+  for (size_t t = 0; t < nodes.size(); ++t) {
+    const ir::Node& node = graph.nodes().at(static_cast<size_t>(nodes[t]));
+    // A pass that rebuilt this node with extra operands would otherwise
+    // compute a silently wrong expression (the mobilenet div/6 bug).
+    if (const ops::PointwiseOp* op = ops::find_pointwise_op(node.op);
+        op && static_cast<int>(node.inputs.size()) != op->tensor_inputs)
+      throw CompileError("internal: node '" + node.name + "' (" + node.op + ") has " +
+                         std::to_string(node.inputs.size()) + " tensor inputs, expected " +
+                         std::to_string(op->tensor_inputs));
+    std::vector<std::string> operands;
+    for (int in : node.inputs) {
+      auto it = name_of.find(in);
+      if (it == name_of.end())
+        throw CompileError("node '" + node.name + "': operand '" + graph.value(in).name + "' is not available in " +
+                           where);
+      operands.push_back(it->second);
+    }
+    const std::string var = "t" + std::to_string(t) + suffix;
+    out << indent << "const float " << var << " = " << ops::pointwise_expression(node, operands) << ";  // "
+        << node.name << "\n";
+    name_of[node.outputs.at(0)] = var;
+    last = var;
+  }
+  return last;
+}
+
 std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::PointwisePlan& plan,
                                       const std::string& name) {
   const ir::Value& out = graph.value(plan.out);
@@ -93,29 +123,7 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::Poin
         << ";\n";
     name_of[plan.inputs[j]] = var;
   }
-  std::string last;
-  for (size_t t = 0; t < plan.nodes.size(); ++t) {
-    const ir::Node& node = graph.nodes().at(static_cast<size_t>(plan.nodes[t]));
-    // A pass that rebuilt this node with extra operands would otherwise
-    // compute a silently wrong expression (the mobilenet div/6 bug).
-    if (const ops::PointwiseOp* op = ops::find_pointwise_op(node.op);
-        op && static_cast<int>(node.inputs.size()) != op->tensor_inputs)
-      throw CompileError("internal: node '" + node.name + "' (" + node.op + ") has " +
-                         std::to_string(node.inputs.size()) + " tensor inputs, expected " +
-                         std::to_string(op->tensor_inputs));
-    std::vector<std::string> operands;
-    for (int in : node.inputs) {
-      auto it = name_of.find(in);
-      if (it == name_of.end())
-        throw CompileError("node '" + node.name + "': operand '" + graph.value(in).name + "' is not available in its fused kernel");
-      operands.push_back(it->second);
-    }
-    std::string var = "t" + std::to_string(t);
-    src << "    const float " << var << " = " << ops::pointwise_expression(node, operands) << ";  // "
-        << node.name << "\n";
-    name_of[node.outputs[0]] = var;
-    last = var;
-  }
+  std::string last = emit_elementwise_chain(graph, plan.nodes, name_of, "", "    ", "its fused kernel", src);
   if (last.empty()) last = name_of.at(plan.inputs.at(0));  // plain copy
   std::string out_offset = layout && !plan.output_map.coef.empty() ? affine_offset(plan.output_map, iter) : "i";
   src << "    out[" << out_offset << "] = " << store_expr(out.dtype, last) << ";\n  }\n}\n";

@@ -4,7 +4,10 @@
 // converts to the output dtype.
 #pragma once
 
+#include <map>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "ir/graph.h"
 #include "passes/exec_plan.h"
@@ -15,6 +18,14 @@ constexpr unsigned kPointwiseBlock = 256;
 
 // Helpers every generated module starts with (dtype conversion, activations).
 std::string pointwise_prelude();
+
+// Writes one `const float <t><k><suffix> = <expr>;` line per node of an
+// elementwise chain (graph order), reading operands from `name_of` (value id
+// -> CUDA expression) and adding each result to it. Returns the last
+// variable, or "" for an empty chain. `where` names the kernel in errors.
+std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int>& nodes,
+                                   std::map<int, std::string>& name_of, const std::string& suffix,
+                                   const std::string& indent, const std::string& where, std::ostream& out);
 
 // Kernel `name` with parameters (out, inputs..., long long n), in that order.
 std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::PointwisePlan& plan,
