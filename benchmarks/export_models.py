@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import os
 import sys
 import tarfile
 import tempfile
@@ -95,6 +96,9 @@ def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bo
         "delegates": list(compiled.delegates), "cpu_fallback_ops": n_cpu, "cpu_ops": cpu_ops,
         "export_s": round(export_s, 3), "pte_bytes": pte.stat().st_size,
         "runner_args": ["--device_io=true"], "torch": torch.__version__,
+        # Opt-in compiler paths in effect (KILN_CONV_GEMM, KILN_DEPTHWISE_KERNEL, ...).
+        "compiler_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KILN_")
+                         and k not in ("KILN_BUILD_DIR", "KILN_REQUIRE_COMPILER")},
     }
     print(f"{name}: exported in {export_s:.1f} s, {entry['pte_bytes'] / 2**20:.1f} MiB, "
           f"delegates {compiled.delegates}, {n_cpu} ops on the CPU{': ' + str(cpu_ops) if cpu_ops else ''}",
