@@ -67,6 +67,24 @@ def median_ms(text):
     return float(m.group(1)) if m else float("nan")
 
 
+def run_trial(entry, pte, reference, runner, work, log, trial, rtol, run_args):
+    """One trial: fresh inputs from an os.urandom seed, the PyTorch reference
+    (`reference(inputs)` -> (expected outputs, extra error notes)), the runner
+    on the same inputs; returns (seed, runner process, rel_err strings)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    inputs = [torch.randn(shape, generator=gen, device="cuda", dtype=DTYPES[d]) for shape, d in entry["inputs"]]
+    with torch.no_grad():
+        expected, notes = reference(inputs)
+    inp = work / f"{entry['name']}.{trial}.inputs.ktensors"
+    exp = work / f"{entry['name']}.{trial}.expected.ktensors"
+    tensor_file.save(inp, [t.cpu() for t in inputs])
+    tensor_file.save(exp, [t.cpu() for t in expected])
+    proc = run([runner, f"--model_path={pte}", f"--inputs={inp}", f"--expected={exp}", f"--rtol={rtol}", *run_args,
+                *entry.get("runner_args", [])], log)
+    return seed, proc, re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout) + notes
+
+
 def check_model(entry, models_dir, runner, work, log, trials):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -75,21 +93,15 @@ def check_model(entry, models_dir, runner, work, log, trials):
     model.load_state_dict(torch.load(models_dir / entry["state_dict"], map_location="cpu"))
     dtype = DTYPES[entry["model_dtype"]]
     model = model.to(dtype).cuda().eval()
+
+    def reference(inputs):
+        expected = model(*inputs)
+        return ([expected] if isinstance(expected, torch.Tensor) else list(expected)), []
+
     results = []
     for trial in range(trials):
-        seed = int.from_bytes(os.urandom(4), "little")
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        inputs = [torch.randn(shape, generator=gen, device="cuda", dtype=DTYPES[d]) for shape, d in entry["inputs"]]
-        with torch.no_grad():
-            expected = model(*inputs)
-        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-        inp = work / f"{entry['name']}.{trial}.inputs.ktensors"
-        exp = work / f"{entry['name']}.{trial}.expected.ktensors"
-        tensor_file.save(inp, [t.cpu() for t in inputs])
-        tensor_file.save(exp, [t.cpu() for t in expected])
-        proc = run([runner, f"--model_path={models_dir / entry['pte']}", f"--inputs={inp}", f"--expected={exp}", f"--rtol={entry['rtol']}",
-                    "--num_runs=100", "--warmup=10", *entry.get("runner_args", [])], log)
-        errors = re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)
+        seed, proc, errors = run_trial(entry, models_dir / entry["pte"], reference, runner, work, log, trial,
+                                       entry["rtol"], ["--num_runs=100", "--warmup=10"])
         if len(errors) > 4:  # many outputs: report the worst
             errors = [max(errors, key=lambda e: float(e))]
         ok = proc.returncode == 0 and entry.get("expect_output", "") in proc.stdout
@@ -117,23 +129,17 @@ def check_vision_model(entry, runner, work, log, trials, rtol_override=None):
     model = model.cuda().eval()
     exact = model.float() if dtype == torch.float32 else copy.deepcopy(model).float()
     rtol = rtol_override.get(entry["dtype"]) if rtol_override and rtol_override.get(entry["dtype"]) else entry["rtol"]
+
+    def reference(inputs):
+        expected = exact(*[t.float() for t in inputs]).to(dtype)
+        if dtype == torch.float32:
+            return [expected], []
+        return [expected], [f"(torch fp16 {rel_err(model(*inputs), expected):.2e})"]
+
     results = []
     for trial in range(trials):
-        seed = int.from_bytes(os.urandom(4), "little")
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        inputs = [torch.randn(shape, generator=gen, device="cuda", dtype=DTYPES[d]) for shape, d in entry["inputs"]]
-        with torch.no_grad():
-            expected = exact(*[t.float() for t in inputs]).to(dtype)
-            torch_err = rel_err(model(*inputs), expected) if dtype != torch.float32 else None
-        inp = work / f"{entry['name']}.{trial}.inputs.ktensors"
-        exp = work / f"{entry['name']}.{trial}.expected.ktensors"
-        tensor_file.save(inp, [t.cpu() for t in inputs])
-        tensor_file.save(exp, [expected.cpu()])
-        proc = run([runner, f"--model_path={entry['pte_path']}", f"--inputs={inp}", f"--expected={exp}", f"--rtol={rtol}",
-                    "--num_runs=10", "--warmup=2", *entry.get("runner_args", [])], log)
-        errors = re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)
-        if torch_err is not None:
-            errors.append(f"(torch fp16 {torch_err:.2e})")
+        seed, proc, errors = run_trial(entry, entry["pte_path"], reference, runner, work, log, trial, rtol,
+                                       ["--num_runs=10", "--warmup=2"])
         if proc.returncode != 0 and not errors:
             errors = [(proc.stderr.strip().splitlines() or ["?"])[-1][:200]]
         results.append({"seed": seed, "ok": proc.returncode == 0, "rel_err": errors, "median_ms": median_ms(proc.stdout),
