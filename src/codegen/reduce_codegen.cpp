@@ -28,10 +28,10 @@ std::string offset_expr(const std::string& var, const std::vector<int64_t>& shap
 
 constexpr unsigned kColumnRows = 8;
 
-// [outer, reduced, inner] view of the input when the reduced dims are
-// adjacent; false otherwise.
-bool column_shape(const std::vector<int64_t>& shape, const std::vector<int64_t>& dims, int64_t& outer,
-                  int64_t& reduced, int64_t& inner) {
+}  // namespace
+
+bool reduce_column_shape(const std::vector<int64_t>& shape, const std::vector<int64_t>& dims, int64_t& outer,
+                         int64_t& reduced, int64_t& inner) {
   if (dims.empty()) return false;
   for (size_t i = 1; i < dims.size(); ++i)
     if (dims[i] != dims[i - 1] + 1) return false;
@@ -45,14 +45,12 @@ bool column_shape(const std::vector<int64_t>& shape, const std::vector<int64_t>&
   return inner >= 16 && outer <= 65535 && reduced > 0;
 }
 
-}  // namespace
-
 ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name) {
   const ir::Value& in = graph.value(plan.input);
   const ir::Value& out = graph.value(plan.out);
   ReduceKernel kernel;
   int64_t outer = 0, red = 0, inner = 0;
-  if (column_shape(in.shape, plan.dims, outer, red, inner)) {
+  if (reduce_column_shape(in.shape, plan.dims, outer, red, inner)) {
     std::string init = "0.0f", combine = "acc + v", finish = "acc";
     if (plan.kind == passes::ReducePlan::Kind::kMax) {
       init = "-__int_as_float(0x7f800000)";

@@ -24,6 +24,15 @@ struct ReduceKernel {
   uint32_t block[3] = {1, 1, 1};
 };
 
+// The [outer, reduced, inner] view of `shape` that the column form uses (the
+// reduced dims adjacent, inner >= 16, outer within one grid dimension); false
+// when the row form applies.
+bool reduce_column_shape(const std::vector<int64_t>& shape, const std::vector<int64_t>& dims, int64_t& outer,
+                         int64_t& reduced, int64_t& inner);
+
+// Blocks of the column form: 32 inner elements per block, per outer index.
+inline int64_t reduce_column_blocks(int64_t outer, int64_t inner) { return (inner + 31) / 32 * outer; }
+
 // Kernel `name` with parameters (out, in, long long n_out).
 ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name);
 

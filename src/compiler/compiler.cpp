@@ -291,6 +291,7 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
   graph = passes::apply_precision(graph, compute);
   passes::ExecPlan plan = passes::fuse(graph);
   if (depthwise_kernels_enabled()) passes::plan_depthwise_kernels(graph, plan);
+  passes::split_reductions(graph, plan);
   int gemms = 0, convs = 0;
   for (const auto& op : plan.ops) {
     gemms += op.kind == passes::PlannedOp::Kind::kGemm;

@@ -42,6 +42,12 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute);
 // to `graph` where that avoids a transpose at run time.
 ExecPlan fuse(ir::Graph& graph);
 
+// After fuse(): a column reduction (reduced dims adjacent, >= 16 elements
+// inside them) that would launch too few blocks is split into partial
+// reductions over equal chunks (a float32 temporary) and a reduction of the
+// chunks (split_reduce.cpp). Adds a view and the temporary to `graph`.
+void split_reductions(ir::Graph& graph, ExecPlan& plan);
+
 // Lifetime-based placement of activations in one arena.
 struct ArenaRequest {
   uint64_t nbytes = 0;

@@ -335,6 +335,45 @@ TEST_F(ConvCompiler, SqueezeExcitationStaysChannelsLast) {
   EXPECT_EQ(count_kind(d, engine::StepKind::kConv), 1u);
 }
 
+// The mean over a large NHWC map reads each channel column from few blocks:
+// it splits into partial means over equal chunks (a float32 temporary) and a
+// mean of those; a small map stays one kernel.
+TEST_F(ConvCompiler, LargeSpatialMeanSplitsIntoChunks) {
+  for (int64_t hw : {64, 8}) {
+    const int64_t c = 32;
+    ir::Graph g;
+    int x = g.add_input("x", DType::kFloat32, {2, c, hw, hw});
+    int w0 = g.add_constant("w0", DType::kFloat32, {c, 1, 3, 3}, testing::random_float_bytes(c * 9, rng_));
+    int y = add1(g, "aten.convolution.default", "dw", {x, w0}, conv_attrs(1, 1, c), {2, c, hw, hw});
+    int m = add1(g, "aten.mean.dim", "pool", {y}, {{"dim", std::vector<int64_t>{-1, -2}}, {"keepdim", true}},
+                 {2, c, 1, 1});
+    int out = add1(g, "aten.mul.Tensor", "scale", {y, m}, {}, {2, c, hw, hw});
+    g.set_outputs({out});
+    engine::EngineDesc d = compiler::compile_to_desc(g, {});
+    if (hw == 8) {
+      EXPECT_EQ(count_label(d, "mean"), 1u) << "512 rows: one kernel";
+      continue;
+    }
+    // 4096 rows per channel, 2 blocks: 64 chunks of 64 rows give 128 blocks.
+    ASSERT_EQ(count_label(d, "mean(64 chunks)"), 1u);
+    ASSERT_EQ(count_label(d, "mean(of chunks)"), 1u);
+    size_t first = d.steps.size(), second = d.steps.size();
+    for (size_t i = 0; i < d.steps.size(); ++i) {
+      if (d.steps[i].label == "mean(64 chunks)") first = i;
+      if (d.steps[i].label == "mean(of chunks)") second = i;
+    }
+    ASSERT_EQ(second, first + 1);
+    // The first writes the float32 temporary [2, 64, c] the second reads.
+    const engine::KernelStep& a = d.steps[first].kernel;
+    const engine::KernelStep& b = d.steps[second].kernel;
+    const engine::TensorDesc& partial = d.tensors[a.args[0].tensor];
+    EXPECT_EQ(partial.dtype, DType::kFloat32);
+    EXPECT_EQ(partial.shape, (std::vector<int64_t>{2, 64, c}));
+    EXPECT_EQ(b.args[1].tensor, a.args[0].tensor);
+    EXPECT_EQ(a.grid[0] * a.grid[1], 128u);
+  }
+}
+
 TEST(PoolShapes, FollowPyTorchRules) {
   EXPECT_EQ(ops::pool_output_size(112, 3, 1, 2, 1, false), 56);   // resnet stem
   EXPECT_EQ(ops::pool_output_size(5, 2, 0, 2, 1, false), 2);

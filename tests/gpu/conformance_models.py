@@ -134,8 +134,22 @@ class SqueezeExcitation(nn.Module):
         return self.bn3(self.project(y)) + x
 
 
+class LargeMapReductions(nn.Module):
+    """Spatial mean/sum/amax over 64x64 channels-last maps: few enough columns
+    that the compiler splits them into chunked partial reductions."""
+
+    def __init__(self, c=16, k=32):
+        super().__init__()
+        self.conv = nn.Conv2d(c, k, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        gated = y * torch.sigmoid(y.mean(dim=[2, 3], keepdim=True))
+        return gated, y.sum(dim=[2, 3]), torch.amax(y, dim=[2, 3])
+
+
 FACTORIES = {"ElementwiseOps": ElementwiseOps, "ConvOps": ConvOps, "PoolOps": PoolOps, "BmmOps": BmmOps,
-             "SqueezeExcitation": SqueezeExcitation}
+             "SqueezeExcitation": SqueezeExcitation, "LargeMapReductions": LargeMapReductions}
 
 # name -> input shapes, for export_conformance.py
 CONV_CASES = {
@@ -143,4 +157,5 @@ CONV_CASES = {
     "PoolOps": [[2, 8, 11, 11]],
     "BmmOps": [[4, 8, 32], [4, 32, 16]],
     "SqueezeExcitation": [[2, 24, 14, 14]],
+    "LargeMapReductions": [[2, 16, 64, 64]],
 }
