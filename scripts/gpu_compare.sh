@@ -62,6 +62,7 @@ EOF
     echo "-- $label $name"
     KILN_PROFILE_STEPS=1 "$runner" --model_path="$pte" --device_io=true --num_runs=35 --warmup=5 2>&1 |
       grep -E "kiln profile|latency" | head -n 60
-  done <"$work/profile_paths.txt" | tee "$out/profiles.txt"
+  done <"$work/profile_paths.txt" >"$out/profiles.txt"
+  grep -E "^--|steps,|latency" "$out/profiles.txt"
 fi
 exit $status
