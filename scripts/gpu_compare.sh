@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: measures a second export of the vision models (made
-# with other KILN_* compiler switches, e.g. the opt-in paths; see
-# docs/benchmarks.md, "Measuring an opt-in compiler path") beside the default
-# export, before a default is flipped:
+# Runs on the GPU machine: measures other exports of the vision models (made
+# with other KILN_* compiler switches or another commit, e.g. the opt-in
+# paths; see docs/benchmarks.md, "Measuring an opt-in compiler path") beside
+# the default export, before a default is flipped:
 #   1. scripts/gpu_check.sh (build, GPU ctest, conformance numerics) unless
 #      KILN_COMPARE_SKIP_CHECK=1;
-#   2. numerics of every program of the variant set against PyTorch (1 trial);
-#   3. Kiln-only timings of both sets (benchmarks/run_benchmarks.py --peers kiln);
+#   2. numerics of every program of each variant set against PyTorch (1 trial);
+#   3. Kiln-only timings of every set (benchmarks/run_benchmarks.py --peers kiln);
 #   4. per-step GPU profiles (KILN_PROFILE_STEPS=1) of the named programs in
-#      both sets.
-# Usage: bash scripts/gpu_compare.sh VARIANT_DIR [PROGRAM,PROGRAM...]
+#      every set.
+# Usage: bash scripts/gpu_compare.sh VARIANT_DIR[,VARIANT_DIR...] [PROGRAM,PROGRAM...]
 #   e.g. bash scripts/gpu_compare.sh .gpu_carry/variant mobilenet_v3_large_fp16_b8
+# A set's label is its folder's name; the default set is $KILN_GPU_BUNDLE.
 # Logs stay in /tmp/kiln_compare; a few summary files go to $OUT (only 8 come
 # back from the GPU machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-variant=${1:?usage: gpu_compare.sh VARIANT_DIR [PROGRAMS]}
+IFS=, read -r -a variants <<<"${1:?usage: gpu_compare.sh VARIANT_DIR[,VARIANT_DIR...] [PROGRAMS]}"
 profiles=${2:-}
 bundle=${KILN_GPU_BUNDLE:-.gpu_carry}
 out=${OUT:-out/gpu}
 work=/tmp/kiln_compare
 runner=build-gpu/tools/kiln_runner/kiln_runner
 mkdir -p "$out" "$work"
-[ -d "$variant" ] || { echo "gpu_compare.sh: no variant set at $variant"; exit 2; }
+for v in "${variants[@]}"; do [ -d "$v" ] || { echo "gpu_compare.sh: no variant set at $v"; exit 2; }; done
 status=0
 
 if [ "${KILN_COMPARE_SKIP_CHECK:-0}" != 1 ]; then
@@ -32,28 +33,33 @@ if [ "${KILN_COMPARE_SKIP_CHECK:-0}" != 1 ]; then
 fi
 [ -x "$runner" ] || { echo "gpu_compare.sh: $runner was not built"; exit 1; }
 
-echo "== numerics of the variant set ($variant)"
-PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --vision "$variant" --vision-work "$work/variant_work" \
-  --runner "$runner" --out "$work/variant_numerics" --trials 1 || status=1
-cp "$work/variant_numerics/gpu_tests.json" "$out/variant_gpu_tests.json" 2>/dev/null
+for v in "${variants[@]}"; do
+  name=$(basename "$v")
+  echo "== numerics of $v"
+  PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --vision "$v" --vision-work "$work/${name}_work" \
+    --runner "$runner" --out "$work/${name}_numerics" --trials 1 | grep -E "PASS|FAIL|passed" || status=1
+done
 
-echo "== Kiln timings: default set, then variant set"
-for set in default variant; do
-  carry=$bundle
-  [ "$set" = variant ] && carry=$variant
+echo "== Kiln timings: the default set, then each variant"
+for carry in "$bundle" "${variants[@]}"; do
+  name=default
+  [ "$carry" = "$bundle" ] || name=$(basename "$carry")
   PYTHONUNBUFFERED=1 python3 benchmarks/run_benchmarks.py --carry "$carry" --runner "$runner" --peers kiln \
-    --results-dir "$work/bench" --stem "kiln_$set" 2>&1 | grep -vE "^\s*$" | tail -n 25
-  cp "$work/bench/kiln_$set.json" "$out/" 2>/dev/null
+    --results-dir "$work/bench" --stem "kiln_$name" >"$work/bench_$name.log" 2>&1
+  echo "-- $name"
+  grep -E "^\| [a-z]" "$work/bench/kiln_$name.md" | head -n 12
+  cp "$work/bench/kiln_$name.json" "$out/" 2>/dev/null
 done
 
 if [ -n "$profiles" ]; then
   echo "== per-step profiles: $profiles"
-  PYTHONPATH=benchmarks python3 - "$bundle" "$variant" "$work" "$profiles" >"$work/profile_paths.txt" <<'EOF'
+  PYTHONPATH=benchmarks python3 - "$work" "$profiles" "$bundle" "${variants[@]}" >"$work/profile_paths.txt" <<'EOF'
 import sys
 from pathlib import Path
 import vision_bundle
-bundle, variant, work, names = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4].split(",")
-for label, carry in (("default", bundle), ("variant", variant)):
+work, names, sets = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3:]
+for i, carry in enumerate(sets):
+    label = "default" if i == 0 else Path(carry).name
     for e in vision_bundle.load_entries([carry], unpack_dir=work / f"profile_{label}"):
         if e["name"] in names:
             print(label, e["name"], e["pte_path"])
