@@ -52,13 +52,6 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
     if (v >= 0 && graph.value(v).dtype != y.dtype)
       throw CompileError("depthwise conv '" + y.name + "': operand '" + graph.value(v).name + "' is " +
                          engine::dtype_name(graph.value(v).dtype) + ", result is " + engine::dtype_name(y.dtype));
-  const bool prologue = !plan.prologue.nodes.empty();
-  if (prologue && plan.prologue.out != cv.x)
-    throw CompileError("internal: depthwise conv '" + y.name + "': its prologue does not produce its input");
-  for (int v : plan.prologue.inputs)
-    if (!depthwise_epilogue_operand_ok(graph.value(v).shape, x.shape))
-      throw CompileError("internal: depthwise prologue operand '" + graph.value(v).name + "' of shape " +
-                         ir::shape_to_string(graph.value(v).shape) + " does not broadcast per element or channel");
   for (int v : plan.epilogue.inputs)
     if (!depthwise_epilogue_operand_ok(graph.value(v).shape, y.shape))
       throw CompileError("internal: depthwise epilogue operand '" + graph.value(v).name + "' of shape " +
@@ -67,12 +60,7 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
   DepthwiseKernel k;
   k.n = out.numel();
   k.vector = C % 4 == 0 ? std::min<int64_t>(4, kDepthwiseMaxVector) : C % 2 == 0 ? std::min<int64_t>(2, kDepthwiseMaxVector) : 1;
-  k.tensor_args = {plan.out};
-  if (prologue)
-    k.tensor_args.insert(k.tensor_args.end(), plan.prologue.inputs.begin(), plan.prologue.inputs.end());
-  else
-    k.tensor_args.push_back(cv.x);
-  k.tensor_args.push_back(plan.weight);
+  k.tensor_args = {plan.out, cv.x, plan.weight};
   if (cv.bias >= 0) k.tensor_args.push_back(cv.bias);
   for (int v : plan.epilogue.inputs) k.tensor_args.push_back(v);
   const int64_t blocks = (k.n / k.vector + kDepthwiseBlock - 1) / kDepthwiseBlock;
@@ -89,14 +77,7 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
   s << "// depthwise " << R << "x" << S << " conv over " << ir::shape_to_string(x.shape) << " -> "
     << ir::shape_to_string(y.shape) << " (" << plan.epilogue.nodes.size() << " epilogue ops)\n";
   s << "extern \"C\" __global__ void __launch_bounds__(" << kDepthwiseBlock << ") " << name << "(\n    " << ot
-    << "* __restrict__ out";
-  if (prologue) {
-    for (size_t j = 0; j < plan.prologue.inputs.size(); ++j)
-      s << ",\n    const " << storage_type(graph.value(plan.prologue.inputs[j]).dtype) << "* __restrict__ p" << j;
-  } else {
-    s << ",\n    const " << xt << "* __restrict__ x";
-  }
-  s << ",\n    const " << xt << "* __restrict__ wt";
+    << "* __restrict__ out,\n    const " << xt << "* __restrict__ x,\n    const " << xt << "* __restrict__ wt";
   if (cv.bias >= 0) s << ",\n    const " << xt << "* __restrict__ bias";
   for (size_t j = 0; j < plan.epilogue.inputs.size(); ++j)
     s << ",\n    const " << storage_type(graph.value(plan.epilogue.inputs[j]).dtype) << "* __restrict__ e" << j;
@@ -129,59 +110,18 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
       << "          const " << I << " w = q * " << lit(cv.stride_w) << " - " << lit(cv.pad_w) << " + (" << I
       << ")s * " << lit(cv.dilation_w) << ";\n"
       << "          if (w < 0 || w >= " << lit(W) << ") continue;\n";
-    const std::string x_off = "((b * " + lit(H) + " + h) * " + lit(W) + " + w) * " + lit(C) + " + c";
+    const std::string x_at = "x + ((b * " + lit(H) + " + h) * " + lit(W) + " + w) * " + lit(C) + " + c";
     const std::string w_at = "wt + ((" + I + ")r * " + lit(S) + " + (" + I + ")s) * " + lit(C) + " + c";
-    // x's lanes as float expressions: read, or computed by the prologue from
-    // its operands and rounded to x's dtype as a stored x would be.
-    std::vector<std::string> xs(static_cast<size_t>(lanes));
-    if (!prologue) {
-      if (vec) {
-        const std::string vt = vector_type(x.dtype, lanes);
-        b << "          const " << vt << " xv = *reinterpret_cast<const " << vt << "*>(x + " << x_off << ");\n";
-        for (int64_t l = 0; l < lanes; ++l) xs[static_cast<size_t>(l)] = load_expr(x.dtype, std::string("xv.") + kLane[l]);
-      } else {
-        xs[0] = load_expr(x.dtype, "x[" + x_off + "]");
-      }
-    } else {
-      b << "          const " << I << " xo = " << x_off << ";\n";
-      std::vector<std::map<int, std::string>> names(static_cast<size_t>(lanes));
-      for (size_t j = 0; j < plan.prologue.inputs.size(); ++j) {
-        const ir::Value& in = graph.value(plan.prologue.inputs[j]);
-        const std::string pj = "p" + std::to_string(j);
-        const OperandKind kind = operand_kind(in.shape, x.shape);
-        if (kind == OperandKind::kFull && vec) {
-          const std::string vt = vector_type(in.dtype, lanes);
-          b << "          const " << vt << " " << pj << "v = *reinterpret_cast<const " << vt << "*>(" << pj
-            << " + xo);\n";
-        }
-        for (int64_t l = 0; l < lanes; ++l) {
-          const std::string var = pj + "_" + std::to_string(l);
-          std::string ref;
-          switch (kind) {
-            case OperandKind::kScalar: ref = pj + "[0]"; break;
-            case OperandKind::kChannel: ref = pj + "[c + " + std::to_string(l) + "]"; break;
-            case OperandKind::kFull: ref = vec ? pj + "v." + kLane[l] : pj + "[xo]"; break;
-          }
-          b << "          const float " << var << " = " << load_expr(in.dtype, ref) << ";\n";
-          names[static_cast<size_t>(l)][plan.prologue.inputs[j]] = var;
-        }
-      }
-      for (int64_t l = 0; l < lanes; ++l) {
-        std::string last = emit_elementwise_chain(graph, plan.prologue.nodes, names[static_cast<size_t>(l)],
-                                                  "_p" + std::to_string(l), "          ",
-                                                  "the depthwise conv's prologue", b);
-        if (x.dtype != engine::DType::kFloat32) last = load_expr(x.dtype, store_expr(x.dtype, last));
-        xs[static_cast<size_t>(l)] = last;
-      }
-    }
     if (vec) {
       const std::string vt = vector_type(x.dtype, lanes);
-      b << "          const " << vt << " wv = *reinterpret_cast<const " << vt << "*>(" << w_at << ");\n";
+      b << "          const " << vt << " xv = *reinterpret_cast<const " << vt << "*>(" << x_at << ");\n"
+        << "          const " << vt << " wv = *reinterpret_cast<const " << vt << "*>(" << w_at << ");\n";
       for (int64_t l = 0; l < lanes; ++l)
-        b << "          a" << l << " += " << xs[static_cast<size_t>(l)] << " * "
+        b << "          a" << l << " += " << load_expr(x.dtype, std::string("xv.") + kLane[l]) << " * "
           << load_expr(x.dtype, std::string("wv.") + kLane[l]) << ";\n";
     } else {
-      b << "          a0 += " << xs[0] << " * " << load_expr(x.dtype, "*(" + w_at + ")") << ";\n";
+      b << "          a0 += " << load_expr(x.dtype, "*(" + x_at + ")") << " * " << load_expr(x.dtype, "*(" + w_at + ")")
+        << ";\n";
     }
     b << "        }\n      }\n";
     if (cv.bias >= 0 && vec) {
@@ -234,14 +174,7 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
     // size; device-resident engine inputs and outputs may not be.
     const int64_t xb = k.vector * static_cast<int64_t>(engine::dtype_size(x.dtype));
     const int64_t ob = k.vector * static_cast<int64_t>(engine::dtype_size(out.dtype));
-    s << "  if (((unsigned long long)wt % " << xb << "ULL) == 0";
-    if (!prologue) s << " && ((unsigned long long)x % " << xb << "ULL) == 0";
-    for (size_t j = 0; j < plan.prologue.inputs.size(); ++j) {
-      const ir::Value& in = graph.value(plan.prologue.inputs[j]);
-      if (operand_kind(in.shape, x.shape) == OperandKind::kFull)
-        s << " && ((unsigned long long)p" << j << " % "
-          << k.vector * static_cast<int64_t>(engine::dtype_size(in.dtype)) << "ULL) == 0";
-    }
+    s << "  if (((unsigned long long)x % " << xb << "ULL) == 0 && ((unsigned long long)wt % " << xb << "ULL) == 0";
     if (cv.bias >= 0) s << " && ((unsigned long long)bias % " << xb << "ULL) == 0";
     s << " && ((unsigned long long)out % " << ob << "ULL) == 0) {\n"
       << loop(k.vector) << "  } else {\n"

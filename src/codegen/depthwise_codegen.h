@@ -5,10 +5,7 @@
 // the [r, s, c] weight. Shapes and the window are baked in as constants;
 // loads widen to float, the conv accumulates in float, its value is rounded
 // to the conv's dtype (what a separate epilogue kernel would have read), the
-// chain runs in float and the store narrows to the output's dtype. With a
-// prologue (the elementwise chain that produced x, e.g. an expand conv's
-// SiLU), x is never read: each tap computes it from the chain's operands and
-// rounds it to x's dtype, as the separate kernel would have stored it.
+// chain runs in float and the store narrows to the output's dtype.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +22,7 @@ constexpr int64_t kDepthwiseMaxVector = 4;  // channels per thread (4 floats = 1
 
 struct DepthwiseKernel {
   std::string source;  // needs pointwise_prelude() before it in the module
-  // Tensor parameters in order (out, x or the prologue's inputs..., weight,
-  // [bias], epilogue inputs...),
+  // Tensor parameters in order (out, x, weight, [bias], epilogue inputs...),
   // then one long long: `n`, the number of output elements.
   std::vector<int> tensor_args;
   int64_t n = 0;

@@ -80,13 +80,10 @@ struct ReducePlan {
 // permuted to [r,s,c], conv.bias/relu as in ConvPlan (conv.z unused);
 // conv.out is the conv's value, never stored: the elementwise chain
 // `epilogue` (nodes, its other `inputs`, scalars/per-channel/full-shape) is
-// computed on it per element and writes `out` (conv.out when empty). A
-// non-empty `prologue` (an elementwise chain whose out is conv.x) computes x
-// from its inputs at every tap instead of reading x, which is never stored.
+// computed on it per element and writes `out` (conv.out when empty).
 struct DepthwisePlan {
   ConvPlan conv;
   int weight = -1;
-  PointwisePlan prologue;
   PointwisePlan epilogue;
   int out = -1;
 };

@@ -46,8 +46,7 @@ std::vector<int> PlannedOp::reads() const {
   if (kind == Kind::kReduce) return {reduce.input};
   if (kind == Kind::kPool) return {pool.input};
   if (kind == Kind::kDepthwise) {
-    std::vector<int> r = depthwise.prologue.nodes.empty() ? std::vector<int>{depthwise.conv.x} : depthwise.prologue.inputs;
-    r.push_back(depthwise.weight);
+    std::vector<int> r = {depthwise.conv.x, depthwise.weight};
     if (depthwise.conv.bias >= 0) r.push_back(depthwise.conv.bias);
     r.insert(r.end(), depthwise.epilogue.inputs.begin(), depthwise.epilogue.inputs.end());
     return r;
@@ -394,59 +393,28 @@ void plan_depthwise_kernels(ir::Graph& graph, ExecPlan& plan) {
     d.conv = conv.conv;
     d.weight = rsc_weight(graph, conv.conv.w);
     d.out = d.conv.out;
-    auto readers_of = [&](int v) {
-      std::vector<size_t> readers;
-      for (size_t j = 0; j < plan.ops.size(); ++j) {
-        if (remove[j]) continue;
-        for (int r : plan.ops[j].reads())
-          if (plan.storage_of(r) == v) {
-            readers.push_back(j);
-            break;
-          }
-      }
-      return readers;
-    };
-    // A plain elementwise chain whose only output is `v` and whose operands are
-    // scalars, per-channel values or tensors of v's shape.
-    auto chain_over = [&](const PlannedOp& o, int v) {
-      const PointwisePlan& p = o.pointwise;
-      const std::vector<int64_t>& shape = graph.value(v).shape;
-      bool ok = o.kind == PlannedOp::Kind::kPointwise && !p.nodes.empty() && p.iter_shape.empty() &&
-                p.input_map.coef.empty() && p.output_map.coef.empty() && graph.value(p.out).shape == shape;
-      for (int in : p.inputs) ok = ok && (in == v || depthwise_operand_ok(graph.value(in).shape, shape));
-      return ok;
-    };
-    auto private_value = [&](int v) {
-      return !is_output[static_cast<size_t>(v)] && !viewed[static_cast<size_t>(v)] && plan.storage_of(v) == v;
-    };
-    // The chain before it (e.g. the expand conv's hardswish or SiLU) becomes a
-    // prologue recomputed per tap when it produces x for this conv alone: the
-    // activation is then never written to memory and read back.
-    const int x = d.conv.x;
-    std::vector<size_t> x_readers = readers_of(x);
-    if (private_value(x) && x_readers.size() == 1 && x_readers[0] == i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (remove[j] || plan.ops[j].kind != PlannedOp::Kind::kPointwise || plan.ops[j].pointwise.out != x) continue;
-        const PlannedOp& producer = plan.ops[j];
-        if (chain_over(producer, x) &&
-            std::find(producer.pointwise.inputs.begin(), producer.pointwise.inputs.end(), x) == producer.pointwise.inputs.end()) {
-          d.prologue = producer.pointwise;
-          op.label = producer.label + "+" + op.label;
-          remove[j] = true;
-        }
-        break;
-      }
-    }
     // The chain after it becomes the epilogue when it is the conv value's only
     // reader and iterates over the conv's output elements.
     const int v = d.conv.out;
-    std::vector<size_t> readers = readers_of(v);
-    readers.erase(std::remove(readers.begin(), readers.end(), i), readers.end());
+    std::vector<size_t> readers;
+    for (size_t j = 0; j < plan.ops.size(); ++j) {
+      if (j == i || remove[j]) continue;
+      for (int r : plan.ops[j].reads())
+        if (plan.storage_of(r) == v) {
+          readers.push_back(j);
+          break;
+        }
+    }
     size_t place = i;
-    if (readers.size() == 1 && readers[0] > i && private_value(v)) {
+    if (readers.size() == 1 && readers[0] > i && !is_output[static_cast<size_t>(v)] && !viewed[static_cast<size_t>(v)]) {
       const PlannedOp& next = plan.ops[readers[0]];
       const PointwisePlan& p = next.pointwise;
-      if (chain_over(next, v) && std::count(p.inputs.begin(), p.inputs.end(), v) == 1) {
+      const std::vector<int64_t>& shape = graph.value(v).shape;
+      bool ok = next.kind == PlannedOp::Kind::kPointwise && !p.nodes.empty() && p.iter_shape.empty() &&
+                p.input_map.coef.empty() && p.output_map.coef.empty() && graph.value(p.out).shape == shape &&
+                std::count(p.inputs.begin(), p.inputs.end(), v) == 1;
+      for (int in : p.inputs) ok = ok && (in == v || depthwise_operand_ok(graph.value(in).shape, shape));
+      if (ok) {
         d.epilogue = p;
         d.epilogue.inputs.erase(std::find(d.epilogue.inputs.begin(), d.epilogue.inputs.end(), v));
         d.out = p.out;

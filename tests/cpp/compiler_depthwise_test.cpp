@@ -43,14 +43,12 @@ struct Case {
   bool bias;
   Epi epi;
   DType compute;
-  Epi pro = Epi::kNone;  // a chain on x before the conv: becomes the kernel's prologue
 };
 
 std::string describe(const Case& k) {
   std::ostringstream s;
   s << "n" << k.n << " c" << k.c << " " << k.h << "x" << k.w << " k" << k.r << "x" << k.s << " stride" << k.stride
-    << " pad" << k.pad << " dil" << k.dilation << (k.bias ? " bias" : "") << " epi" << static_cast<int>(k.epi)
-    << " pro" << static_cast<int>(k.pro) << " "
+    << " pad" << k.pad << " dil" << k.dilation << (k.bias ? " bias" : "") << " epi" << static_cast<int>(k.epi) << " "
     << engine::dtype_name(k.compute);
   return s.str();
 }
@@ -119,51 +117,12 @@ int64_t out_size(int64_t in, int64_t k, const Case& c) {
   return (in + 2 * c.pad - c.dilation * (k - 1) - 1) / c.stride + 1;
 }
 
-// `e` applied to y as torch.export decomposes it.
-int add_chain(ir::Graph& g, Epi e, int y, const std::vector<int64_t>& ys, const std::string& tag) {
-  switch (e) {
-    case Epi::kNone: return y;
-    case Epi::kRelu: return add1(g, "aten.relu.default", tag + "relu", {y}, {}, DType::kFloat32, ys);
-    case Epi::kSilu: {
-      int sg = add1(g, "aten.sigmoid.default", tag + "sig", {y}, {}, DType::kFloat32, ys);
-      return add1(g, "aten.mul.Tensor", tag + "silu", {y, sg}, {}, DType::kFloat32, ys);
-    }
-    case Epi::kHardswish: {
-      int a = add1(g, "aten.add.Tensor", tag + "add3", {y, scalar(g, tag + "three", 3.0f)}, {}, DType::kFloat32, ys);
-      int cl = add1(g, "aten.clamp.default", tag + "clamp", {a}, {{"min", 0.0}, {"max", 6.0}}, DType::kFloat32, ys);
-      int m = add1(g, "aten.mul.Tensor", tag + "mul", {y, cl}, {}, DType::kFloat32, ys);
-      return add1(g, "aten.div.Tensor", tag + "div6", {m, scalar(g, tag + "six", 6.0f)}, {}, DType::kFloat32, ys);
-    }
-  }
-  return y;
-}
-
-// x[n,c,h,w] -> [prologue chain] -> depthwise conv (+bias) -> epilogue, a
-// float32 NCHW graph.
+// x[n,c,h,w] -> depthwise conv (+bias) -> epilogue, a float32 NCHW graph.
 ir::Graph make_graph(const Case& k, std::mt19937& rng, int* weight, int* bias) {
   ir::Graph g;
   const int64_t p = out_size(k.h, k.r, k), q = out_size(k.w, k.s, k);
   const std::vector<int64_t> ys = {k.n, k.c, p, q};
   int x = g.add_input("x", DType::kFloat32, {k.n, k.c, k.h, k.w});
-  std::map<std::string, ir::Attr> attrs = {{"stride", std::vector<int64_t>{k.stride, k.stride}},
-                                           {"padding", std::vector<int64_t>{k.pad, k.pad}},
-                                           {"dilation", std::vector<int64_t>{k.dilation, k.dilation}},
-                                           {"transposed", false},
-                                           {"output_padding", std::vector<int64_t>{0, 0}},
-                                           {"groups", k.c}};
-  if (k.pro != Epi::kNone) {
-    // An expand-like 1x1 conv (a GEMM over NHWC) feeds the chain, as in the
-    // models; the test fills the GEMM's output directly.
-    std::map<std::string, ir::Attr> one = attrs;
-    one["stride"] = std::vector<int64_t>{1, 1};
-    one["padding"] = std::vector<int64_t>{0, 0};
-    one["dilation"] = std::vector<int64_t>{1, 1};
-    one["groups"] = int64_t{1};
-    int w1 = g.add_constant("w_expand", DType::kFloat32, {k.c, k.c, 1, 1},
-                            testing::random_float_bytes(static_cast<size_t>(k.c * k.c), rng));
-    x = add1(g, "aten.convolution.default", "expand", {x, w1}, one, DType::kFloat32, {k.n, k.c, k.h, k.w});
-    x = add_chain(g, k.pro, x, {k.n, k.c, k.h, k.w}, "pro_");
-  }
   *weight = g.add_constant("w", DType::kFloat32, {k.c, 1, k.r, k.s},
                            testing::random_float_bytes(static_cast<size_t>(k.c * k.r * k.s), rng));
   std::vector<int> in = {x, *weight};
@@ -172,8 +131,30 @@ ir::Graph make_graph(const Case& k, std::mt19937& rng, int* weight, int* bias) {
     *bias = g.add_constant("b", DType::kFloat32, {k.c}, testing::random_float_bytes(static_cast<size_t>(k.c), rng));
     in.push_back(*bias);
   }
+  std::map<std::string, ir::Attr> attrs = {{"stride", std::vector<int64_t>{k.stride, k.stride}},
+                                           {"padding", std::vector<int64_t>{k.pad, k.pad}},
+                                           {"dilation", std::vector<int64_t>{k.dilation, k.dilation}},
+                                           {"transposed", false},
+                                           {"output_padding", std::vector<int64_t>{0, 0}},
+                                           {"groups", k.c}};
   int y = add1(g, "aten.convolution.default", "dw", in, attrs, DType::kFloat32, ys);
-  g.set_outputs({add_chain(g, k.epi, y, ys, "")});
+  switch (k.epi) {
+    case Epi::kNone: break;
+    case Epi::kRelu: y = add1(g, "aten.relu.default", "relu", {y}, {}, DType::kFloat32, ys); break;
+    case Epi::kSilu: {
+      int sg = add1(g, "aten.sigmoid.default", "sig", {y}, {}, DType::kFloat32, ys);
+      y = add1(g, "aten.mul.Tensor", "silu", {y, sg}, {}, DType::kFloat32, ys);
+      break;
+    }
+    case Epi::kHardswish: {
+      int a = add1(g, "aten.add.Tensor", "add3", {y, scalar(g, "three", 3.0f)}, {}, DType::kFloat32, ys);
+      int cl = add1(g, "aten.clamp.default", "clamp", {a}, {{"min", 0.0}, {"max", 6.0}}, DType::kFloat32, ys);
+      int m = add1(g, "aten.mul.Tensor", "mul", {y, cl}, {}, DType::kFloat32, ys);
+      y = add1(g, "aten.div.Tensor", "div6", {m, scalar(g, "six", 6.0f)}, {}, DType::kFloat32, ys);
+      break;
+    }
+  }
+  g.set_outputs({y});
   return g;
 }
 
@@ -263,14 +244,6 @@ class DepthwiseKernel : public ::testing::Test {
     const size_t expect_nodes = k.epi == Epi::kSilu ? 2 : k.epi == Epi::kHardswish ? 4 : 0;
     EXPECT_EQ(d.epilogue.nodes.size(), expect_nodes) << dw->label;
     EXPECT_EQ(d.conv.relu, k.epi == Epi::kRelu);
-    std::string labels;
-    for (const auto& op : plan.ops) labels += op.label + "; ";
-    EXPECT_EQ(d.prologue.nodes.empty(), k.pro == Epi::kNone) << labels;
-    // The tensor the kernel reads x from: x itself, or the prologue's operand.
-    int x_src = d.conv.x;
-    for (int v : d.prologue.inputs)
-      if (!g.value(v).is_constant) x_src = v;
-    ASSERT_TRUE(k.pro == Epi::kNone || x_src != d.conv.x) << "the prologue reads the graph's x";
 
     codegen::DepthwiseKernel gen = codegen::generate_depthwise_kernel(g, d, "kiln_dw_test");
     std::string src = host_prelude() + gen.source +
@@ -283,22 +256,18 @@ class DepthwiseKernel : public ::testing::Test {
     ASSERT_NE(launch, nullptr);
 
     const ir::Value& xv = g.value(d.conv.x);
-    const ir::Value& sv = g.value(x_src);
     const ir::Value& ov = g.value(d.out);
-    const DType xd = xv.dtype, sd = sv.dtype, od = ov.dtype;
+    const DType xd = xv.dtype, od = ov.dtype;
     const int64_t p = ov.shape[1], q = ov.shape[2];
     ASSERT_EQ(xv.shape, (std::vector<int64_t>{k.n, k.h, k.w, k.c}));
     ASSERT_EQ(ov.shape, (std::vector<int64_t>{k.n, p, q, k.c}));
-    // x (or the prologue's operand): random values exactly representable in
-    // its dtype; x itself through the prologue, rounded as a stored x would be.
-    ASSERT_EQ(sv.shape, xv.shape);
-    std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
-    std::vector<uint8_t> x_bytes(sv.nbytes());
-    std::vector<double> x(static_cast<size_t>(sv.numel()));
+    // x: random values exactly representable in its dtype.
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    std::vector<uint8_t> x_bytes(xv.nbytes());
+    std::vector<double> x(static_cast<size_t>(xv.numel()));
     for (size_t i = 0; i < x.size(); ++i) {
-      write_elem(sd, x_bytes, i, dist(rng_));
-      x[i] = read_elem(sd, x_bytes, i);
-      if (k.pro != Epi::kNone) x[i] = round_to(xd, epilogue(k.pro, x[i]));
+      write_elem(xd, x_bytes, i, dist(rng_));
+      x[i] = read_elem(xd, x_bytes, i);
     }
     // Reference weights from the NCHW graph, rounded as the precision pass does.
     std::vector<double> wref(static_cast<size_t>(k.c * k.r * k.s)), bref(static_cast<size_t>(k.c), 0.0);
@@ -342,9 +311,9 @@ class DepthwiseKernel : public ::testing::Test {
         const ir::Value& val = g.value(v);
         bufs.emplace_back(val.nbytes() + 128, 0);
         uintptr_t at = (reinterpret_cast<uintptr_t>(bufs.back().data()) + 63) / 64 * 64;
-        if (v == d.out || v == x_src) at += misalign * engine::dtype_size(val.dtype);
+        if (v == d.out || v == d.conv.x) at += misalign * engine::dtype_size(val.dtype);
         void* ptr = reinterpret_cast<void*>(at);
-        if (v == x_src) {
+        if (v == d.conv.x) {
           std::memcpy(ptr, x_bytes.data(), x_bytes.size());
         } else if (v != d.out) {
           ASSERT_TRUE(val.is_constant) << val.name;
@@ -389,19 +358,6 @@ TEST_F(DepthwiseKernel, Float32MatchesReference) {
       {2, 16, 8, 6, 3, 5, 3, 0, 1, true, Epi::kHardswish, DType::kFloat32},  // non-square, stride 3
   };
   for (size_t i = 0; i < cases.size(); ++i) check(cases[i], "f32_" + std::to_string(i));
-}
-
-// The activation before the conv computed per tap (mobilenet's hardswish,
-// efficientnet's SiLU after the expand conv), also with stride and padding.
-TEST_F(DepthwiseKernel, PrologueChainMatchesReference) {
-  const std::vector<Case> cases = {
-      {2, 8, 7, 7, 3, 3, 1, 1, 1, true, Epi::kSilu, DType::kFloat32, Epi::kHardswish},
-      {1, 6, 9, 8, 5, 5, 2, 2, 1, false, Epi::kNone, DType::kFloat32, Epi::kSilu},
-      {2, 8, 7, 7, 5, 5, 1, 2, 1, true, Epi::kSilu, DType::kFloat16, Epi::kSilu},
-      {1, 6, 8, 8, 3, 3, 2, 1, 1, true, Epi::kHardswish, DType::kFloat16, Epi::kHardswish},
-      {1, 5, 6, 6, 3, 3, 1, 1, 1, true, Epi::kRelu, DType::kBFloat16, Epi::kSilu},  // scalar path
-  };
-  for (size_t i = 0; i < cases.size(); ++i) check(cases[i], "pro_" + std::to_string(i));
 }
 
 TEST_F(DepthwiseKernel, HalfAndBFloat16MatchReference) {
