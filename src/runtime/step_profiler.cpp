@@ -1,13 +1,11 @@
 #include "runtime/step_profiler.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <thread>
 
 #include "runtime/cuda_check.h"
 
@@ -50,25 +48,11 @@ Status StepProfiler::init(size_t steps) {
 }
 
 StepProfiler::~StepProfiler() {
-  gate_.store(1, std::memory_order_release);
   for (cudaEvent_t e : events_)
     if (e != nullptr) (void)cudaEventDestroy(e);
 }
 
-// Runs on CUDA's callback thread; gives up after 2 s so a run that fails
-// half-way can never hang the stream.
-void CUDART_CB StepProfiler::wait_for_release(void* gate) {
-  auto* flag = static_cast<std::atomic<int>*>(gate);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (flag->load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
-}
-
-Status StepProfiler::hold(cudaStream_t stream) {
-  gate_.store(0, std::memory_order_release);
-  KILN_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, &StepProfiler::wait_for_release, &gate_));
-  return Status::ok();
-}
+Status StepProfiler::hold(cudaStream_t stream) { return gate_.hold(stream); }
 
 Status StepProfiler::mark(size_t boundary, cudaStream_t stream) {
   KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[boundary], stream));
@@ -76,8 +60,7 @@ Status StepProfiler::mark(size_t boundary, cudaStream_t stream) {
 }
 
 Status StepProfiler::finish_run() {
-  gate_.store(1, std::memory_order_release);
-  KILN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_.back()));
+  KILN_RETURN_IF_ERROR(gate_.release_and_sync());
   for (size_t i = 0; i < total_ms_.size(); ++i) {
     float ms = 0.0f;
     KILN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));

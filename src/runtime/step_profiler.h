@@ -10,12 +10,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
 #include "common/status.h"
 #include "engine_format/engine_desc.h"
+#include "runtime/stream_gate.h"
 
 namespace kiln::runtime {
 
@@ -37,9 +37,7 @@ class StepProfiler {
   void report(const engine::EngineDesc& desc) const;
 
  private:
-  static void CUDART_CB wait_for_release(void* gate);
-
-  std::atomic<int> gate_{1};
+  StreamGate gate_;
   std::vector<cudaEvent_t> events_;
   std::vector<double> total_ms_;
   int64_t runs_ = 0;

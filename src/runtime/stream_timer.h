@@ -1,11 +1,15 @@
 // Timing of enqueued work with CUDA events, for load-time algorithm searches
-// (conv_plan.cpp, gemm_plan.cpp). Never used on the execute path.
+// (conv_plan.cpp, gemm_plan.cpp). Never used on the execute path. The stream
+// is held while the runs are enqueued (stream_gate.h), so the time is the
+// GPU's: CUDA graph replay runs steps back to back, and a choice timed with
+// launch gaps in it once picked slower convolutions.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "common/status.h"
 #include "runtime/cuda_check.h"
+#include "runtime/stream_gate.h"
 
 namespace kiln::runtime {
 
@@ -28,10 +32,12 @@ class StreamTimer {
   Result<float> time(cudaStream_t stream, int runs, Enqueue&& enqueue) {
     if (start_ == nullptr) KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_));
     if (stop_ == nullptr) KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_));
+    StreamGate gate;  // released, and the stream waited for, on every path out
+    KILN_RETURN_IF_ERROR(gate.hold(stream));
     KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream));
     for (int i = 0; i < runs; ++i) KILN_RETURN_IF_ERROR(enqueue());
     KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop_, stream));
-    KILN_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop_));
+    KILN_RETURN_IF_ERROR(gate.release_and_sync());
     float ms = 0.0f;
     KILN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_));
     return ms / static_cast<float>(runs);
