@@ -259,11 +259,12 @@ class Lowering {
   std::map<int, uint32_t> index_;  // storage root value -> tensor index
 };
 
-// KILN_DEPTHWISE_KERNEL=1: depthwise convolutions as generated kernels with
-// their elementwise epilogue fused (default: cuDNN until measured).
+// Depthwise convolutions as generated kernels with their elementwise epilogue
+// fused (mobilenet_v3 b8 on the H200: 0.86 -> 0.40 ms with graph replay);
+// KILN_DEPTHWISE_KERNEL=0 keeps them on cuDNN.
 bool depthwise_kernels_enabled() {
   const char* env = std::getenv("KILN_DEPTHWISE_KERNEL");
-  return env && std::strcmp(env, "1") == 0;
+  return !(env && std::strcmp(env, "0") == 0);
 }
 
 void report(const CompileOptions& options, const std::string& message) {

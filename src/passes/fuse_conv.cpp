@@ -9,15 +9,15 @@
 namespace kiln::passes {
 namespace {
 
-// KILN_CONV_GEMM: unset or "1": stride-1 1x1 convs as GEMMs; "0": none;
-// "strided": strided 1x1 convs too (through a gather kernel).
+// KILN_CONV_GEMM: unset or "1": 1x1 convs as GEMMs, strided ones through a
+// gather kernel; "unstrided": stride-1 ones only; "0": none (all on cuDNN).
 bool gemm_for_1x1() {
   const char* env = std::getenv("KILN_CONV_GEMM");
   return !(env && std::strcmp(env, "0") == 0);
 }
 bool gemm_for_strided_1x1() {
   const char* env = std::getenv("KILN_CONV_GEMM");
-  return env && std::strcmp(env, "strided") == 0;
+  return !(env && std::strcmp(env, "unstrided") == 0);
 }
 
 // The only consumer of `v` when v has exactly one and is not a graph output.

@@ -215,9 +215,9 @@ TEST_F(ConvCompiler, ChannelsLastKeepsOperandOrderOfScalarOps) {
   EXPECT_EQ(count_kind(desc, engine::StepKind::kConv), 1u);
 }
 
-// KILN_CONV_GEMM=strided: a stride-2 1x1 conv (resnet's downsample) becomes a
-// gather of every other pixel plus the 1x1 GEMM; without it, a cuDNN conv.
-TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemmWhenAskedFor) {
+// A stride-2 1x1 conv (resnet's downsample) becomes a gather of every other
+// pixel plus the 1x1 GEMM; KILN_CONV_GEMM=unstrided or 0 keeps it on cuDNN.
+TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemm) {
   auto build = [&] {
     ir::Graph g;
     int x = g.add_input("x", DType::kFloat32, {2, 4, 8, 6});  // NCHW: c=4, h=8, w=6
@@ -226,16 +226,17 @@ TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemmWhenAskedFor) {
     g.set_outputs({y});
     return g;
   };
-  unsetenv("KILN_CONV_GEMM");
-  engine::EngineDesc plain = compiler::compile_to_desc(build(), {});
-  EXPECT_EQ(count_kind(plain, engine::StepKind::kConv), 1u) << "opt-in only";
+  for (const char* off : {"unstrided", "0"}) {
+    setenv("KILN_CONV_GEMM", off, 1);
+    engine::EngineDesc plain = compiler::compile_to_desc(build(), {});
+    EXPECT_EQ(count_kind(plain, engine::StepKind::kConv), 1u) << "KILN_CONV_GEMM=" << off;
+  }
 
-  setenv("KILN_CONV_GEMM", "strided", 1);
+  unsetenv("KILN_CONV_GEMM");
   ir::Graph g = build();
   ir::Graph nhwc = passes::to_channels_last(g);
   passes::ExecPlan plan = passes::fuse(nhwc);
   engine::EngineDesc d = compiler::compile_to_desc(g, {});
-  unsetenv("KILN_CONV_GEMM");
   EXPECT_EQ(count_kind(d, engine::StepKind::kConv), 0u);
   EXPECT_EQ(count_label(d, "strided_gather"), 1u);
   const passes::PlannedOp* gather = nullptr;
@@ -332,7 +333,8 @@ TEST_F(ConvCompiler, SqueezeExcitationStaysChannelsLast) {
   engine::EngineDesc d = compiler::compile_to_desc(g, {});
   EXPECT_EQ(count_label(d, "permute_copy"), 2u) << "only the engine edges";
   EXPECT_EQ(count_kind(d, engine::StepKind::kGemm), 2u) << "the 1x1 convs are GEMMs";
-  EXPECT_EQ(count_kind(d, engine::StepKind::kConv), 1u);
+  EXPECT_EQ(count_kind(d, engine::StepKind::kConv), 0u) << "the depthwise conv is a generated kernel";
+  EXPECT_EQ(count_label(d, "dwconv"), 1u);
 }
 
 // The mean over a large NHWC map reads each channel column from few blocks:

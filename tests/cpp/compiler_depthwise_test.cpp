@@ -1,4 +1,4 @@
-// Depthwise convolutions as generated kernels (KILN_DEPTHWISE_KERNEL=1), no
+// Depthwise convolutions as generated kernels (the default), no
 // GPU needed: the generated CUDA source (the prelude the engine module
 // starts with + the kernel, exactly as lowering makes them) is compiled as
 // host C++ through cuda_host_shim.h into a shared library, run on the CPU
@@ -405,18 +405,19 @@ size_t count_kind(const engine::EngineDesc& d, engine::StepKind kind) {
   return n;
 }
 
-TEST_F(DepthwiseKernel, SwitchMakesConvAndSiluOneKernelStep) {
+TEST_F(DepthwiseKernel, ConvAndSiluAreOneKernelStepUnlessSwitchedOff) {
   ir::Graph g = efficientnet_like(rng_);
-  unsetenv("KILN_DEPTHWISE_KERNEL");
-  engine::EngineDesc off = compiler::compile_to_desc(g, {});
   setenv("KILN_DEPTHWISE_KERNEL", "0", 1);
-  engine::EngineDesc zero = compiler::compile_to_desc(g, {});
+  engine::EngineDesc off = compiler::compile_to_desc(g, {});
   setenv("KILN_DEPTHWISE_KERNEL", "1", 1);
+  engine::EngineDesc one = compiler::compile_to_desc(g, {});
+  unsetenv("KILN_DEPTHWISE_KERNEL");
   engine::EngineDesc on = compiler::compile_to_desc(g, {});  // NVRTC compiles the generated module
 
-  // Off (unset or 0): cuDNN conv+bias, then the SiLU chain as its own kernel.
-  ASSERT_EQ(off.steps.size(), zero.steps.size());
-  for (size_t i = 0; i < off.steps.size(); ++i) EXPECT_EQ(off.steps[i].label, zero.steps[i].label);
+  // On is the default (unset or 1).
+  ASSERT_EQ(on.steps.size(), one.steps.size());
+  for (size_t i = 0; i < on.steps.size(); ++i) EXPECT_EQ(on.steps[i].label, one.steps[i].label);
+  // Off (0): cuDNN conv+bias, then the SiLU chain as its own kernel.
   EXPECT_EQ(count_kind(off, engine::StepKind::kConv), 1u);
   size_t silu_kernels = 0;
   for (const auto& s : off.steps) silu_kernels += s.label.find("sigmoid") != std::string::npos;
