@@ -10,6 +10,9 @@ through. Loaders:
   runner   the C++ AOTIModelContainerRunnerCuda on the model .so extracted
            from the package (torch._C._aoti), a lower-level loader that skips
            the package loader; tried when 'package' fails
+  cpp      AOTInductor's C++ package loader in a program of its own
+           (benchmarks/aoti_cpp_loader.cpp, built here against torch's
+           libtorch with g++), no Python in the loop; tried when both fail
 """
 
 from __future__ import annotations
@@ -48,6 +51,41 @@ def load_runner(package: Path, work: Path):
     return call
 
 
+def cuda_include_paths(ext) -> list[str]:
+    try:
+        return ext.include_paths(device_type="cuda")
+    except TypeError:  # torch releases whose include_paths takes cuda=True
+        return ext.include_paths(cuda=True)
+
+
+def run_cpp_loader(package: Path, x: torch.Tensor, channels_last: bool, args) -> dict:
+    """Builds benchmarks/aoti_cpp_loader.cpp (once per work folder) and times
+    the package through it; the program prints one 'ms' line per run."""
+    import subprocess
+
+    import torch.utils.cpp_extension as ext
+    from peer_timing import summarize
+
+    binary = args.work / "aoti_cpp_loader"
+    if not binary.exists():
+        stage("build (cpp loader)")
+        torch_lib = Path(torch.__file__).parent / "lib"
+        cmd = ["g++", "-O2", "-std=c++20", str(ROOT / "benchmarks" / "aoti_cpp_loader.cpp"), "-o", str(binary),
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               *[f"-I{p}" for p in cuda_include_paths(ext)],
+               f"-I{ext.CUDA_HOME}/include", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-ltorch", "-ltorch_cpu", "-ltorch_cuda", "-lc10",
+               "-lc10_cuda", f"-L{ext.CUDA_HOME}/lib64", "-lcudart"]
+        subprocess.run(cmd, check=True)
+    shape = ",".join(str(d) for d in x.shape)
+    proc = subprocess.run([str(binary), str(package), shape, "1" if channels_last else "0", str(args.warmup),
+                           str(args.runs)], capture_output=True, text=True)
+    print(proc.stdout[-2000:] + proc.stderr[-2000:], flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.returncode if proc.returncode > 0 else 128 - proc.returncode)
+    times = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("ms ")]
+    return summarize(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -56,7 +94,7 @@ def main() -> int:
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--loader", choices=("package", "runner"), default="package")
+    parser.add_argument("--loader", choices=("package", "runner", "cpp"), default="package")
     parser.add_argument("--package", type=Path, help="reuse this .pt2 (skip export and compile)")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -92,6 +130,13 @@ def main() -> int:
     del model
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    if args.loader == "cpp":
+        result.update(run_cpp_loader(package, x, args.channels_last, args))
+        result["memory_bytes"] = None  # another process: not measured
+        result["status"] = "ok"
+        args.out.write_text(json.dumps(result))
+        stage("done")
+        return 0
     stage(f"load ({args.loader})")
     if args.loader == "package":
         compiled = torch._inductor.aoti_load_package(str(package))

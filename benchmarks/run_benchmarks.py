@@ -150,10 +150,11 @@ def run_compiled_peer(name: str, model, x, args) -> dict:
 
 def run_aoti(entry: dict, args, work: Path, channels_last: bool) -> dict:
     """AOTInductor in a child process: package loader first, then the
-    container runner on the same package if the first fails."""
+    container runner, then the C++ package loader on the same package, each
+    tried when the ones before it fail."""
     attempts = []
     package = None
-    for loader in ("package", "runner"):
+    for loader in ("package", "runner", "cpp"):
         out = work / f"{entry['name']}.aoti.{loader}.json"
         cmd = [sys.executable, str(ROOT / "benchmarks" / "aoti_peer.py"), "--model", entry["model"],
                "--batch", str(entry["batch"]), "--dtype", entry["dtype"], "--runs", str(args.runs),
