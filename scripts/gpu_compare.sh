@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: measures other exports of the vision models (made
-# with other KILN_* compiler switches or another commit, e.g. the opt-in
-# paths; see docs/benchmarks.md, "Measuring an opt-in compiler path") beside
+# with other KILN_* compiler switches or at another commit; see
+# docs/benchmarks.md, "Comparing compiler paths") beside
 # the default export, before a default is flipped:
 #   1. scripts/gpu_check.sh (build, GPU ctest, conformance numerics) unless
 #      KILN_COMPARE_SKIP_CHECK=1;
