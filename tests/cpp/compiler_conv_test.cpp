@@ -18,6 +18,8 @@ namespace kiln {
 namespace {
 
 using engine::DType;
+using testing::count_kind;
+using testing::count_label;
 
 std::vector<float> floats(const std::vector<uint8_t>& bytes) {
   std::vector<float> out(bytes.size() / 4);
@@ -84,18 +86,6 @@ int add_bn(ir::Graph& g, int x, int64_t k, std::vector<int64_t> shape, std::mt19
                      {{"momentum", 0.1}, {"eps", 1e-5}},
                      {{DType::kFloat32, shape}, {DType::kFloat32, {0}}, {DType::kFloat32, {0}}});
   return g.nodes()[static_cast<size_t>(n)].outputs[0];
-}
-
-size_t count_kind(const engine::EngineDesc& d, engine::StepKind kind) {
-  size_t n = 0;
-  for (const auto& s : d.steps) n += s.kind == kind;
-  return n;
-}
-
-size_t count_label(const engine::EngineDesc& d, const std::string& label) {
-  size_t n = 0;
-  for (const auto& s : d.steps) n += s.label == label;
-  return n;
 }
 
 class ConvCompiler : public ::testing::Test {

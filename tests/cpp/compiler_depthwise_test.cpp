@@ -35,6 +35,7 @@ namespace kiln {
 namespace {
 
 using engine::DType;
+using testing::count_kind;
 
 enum class Epi { kNone, kRelu, kSilu, kHardswish };
 
@@ -397,12 +398,6 @@ ir::Graph efficientnet_like(std::mt19937& rng) {
   int down = add1(g, "aten._to_copy.default", "down", {m}, {}, DType::kFloat16, ys);
   g.set_outputs({down});
   return g;
-}
-
-size_t count_kind(const engine::EngineDesc& d, engine::StepKind kind) {
-  size_t n = 0;
-  for (const auto& s : d.steps) n += s.kind == kind;
-  return n;
 }
 
 TEST_F(DepthwiseKernel, ConvAndSiluAreOneKernelStepUnlessSwitchedOff) {

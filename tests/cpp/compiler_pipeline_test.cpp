@@ -23,12 +23,6 @@ class CompilerPipeline : public ::testing::Test {
   std::mt19937 rng_;
 };
 
-size_t count_steps(const engine::EngineDesc& d, engine::StepKind kind) {
-  size_t n = 0;
-  for (const auto& s : d.steps) n += s.kind == kind;
-  return n;
-}
-
 TEST_F(CompilerPipeline, MlpBecomesThreeGemmsAndOneFusedKernel) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   ir::Graph g = testing::make_mlp_graph(8, 64, 128, 16, rng_);
@@ -38,7 +32,7 @@ TEST_F(CompilerPipeline, MlpBecomesThreeGemmsAndOneFusedKernel) {
   engine::EngineDesc d = compiler::compile_to_desc(g, options);
 
   ASSERT_EQ(d.steps.size(), 4u);
-  EXPECT_EQ(count_steps(d, engine::StepKind::kGemm), 3u);
+  EXPECT_EQ(testing::count_kind(d, engine::StepKind::kGemm), 3u);
   EXPECT_EQ(d.steps[0].gemm.epilogue, engine::GemmEpilogue::kBias);
   EXPECT_EQ(d.steps[1].kind, engine::StepKind::kKernel);
   EXPECT_EQ(d.steps[1].label, "gelu");

@@ -37,4 +37,16 @@ ir::Graph make_mlp_graph(int64_t batch, int64_t in, int64_t hidden, int64_t out,
   return g;
 }
 
+size_t count_kind(const engine::EngineDesc& d, engine::StepKind kind) {
+  size_t n = 0;
+  for (const auto& s : d.steps) n += s.kind == kind;
+  return n;
+}
+
+size_t count_label(const engine::EngineDesc& d, const std::string& label) {
+  size_t n = 0;
+  for (const auto& s : d.steps) n += s.label == label;
+  return n;
+}
+
 }  // namespace kiln::testing
