@@ -21,6 +21,7 @@
 #include "codegen/pointwise_codegen.h"
 #include "compiler/compiler.h"
 #include "compiler_test_util.h"
+#include "passes/dtype_convert.h"
 #include "passes/fuse_conv.h"
 #include "passes/passes.h"
 
@@ -54,33 +55,10 @@ std::string describe(const Case& k) {
   return s.str();
 }
 
-float f16_to_float(uint16_t h) {
-  _Float16 v;
-  std::memcpy(&v, &h, 2);
-  return static_cast<float>(v);
-}
-uint16_t float_to_f16(float f) {
-  _Float16 v = static_cast<_Float16>(f);
-  uint16_t h;
-  std::memcpy(&h, &v, 2);
-  return h;
-}
-float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 // Rounds to `d`'s precision (round to nearest even), as a store would.
 double round_to(DType d, double v) {
-  if (d == DType::kFloat16) return f16_to_float(float_to_f16(static_cast<float>(v)));
-  if (d == DType::kBFloat16) return bf16_to_float(float_to_bf16(static_cast<float>(v)));
+  if (d == DType::kFloat16) return passes::half_to_float(passes::float_to_half(static_cast<float>(v)));
+  if (d == DType::kBFloat16) return passes::bfloat16_to_float(passes::float_to_bfloat16(static_cast<float>(v)));
   return v;
 }
 double read_elem(DType d, const std::vector<uint8_t>& bytes, size_t i) {
@@ -91,14 +69,14 @@ double read_elem(DType d, const std::vector<uint8_t>& bytes, size_t i) {
   }
   uint16_t h;
   std::memcpy(&h, &bytes[i * 2], 2);
-  return d == DType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+  return d == DType::kFloat16 ? passes::half_to_float(h) : passes::bfloat16_to_float(h);
 }
 void write_elem(DType d, std::vector<uint8_t>& bytes, size_t i, float v) {
   if (d == DType::kFloat32) {
     std::memcpy(&bytes[i * 4], &v, 4);
     return;
   }
-  uint16_t h = d == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
+  uint16_t h = d == DType::kFloat16 ? passes::float_to_half(v) : passes::float_to_bfloat16(v);
   std::memcpy(&bytes[i * 2], &h, 2);
 }
 
