@@ -60,7 +60,8 @@ import vision_bundle
 work, names, sets = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3:]
 for i, carry in enumerate(sets):
     label = "default" if i == 0 else Path(carry).name
-    for e in vision_bundle.load_entries([carry], unpack_dir=work / f"profile_{label}"):
+    # The numerics step unpacked the variant sets there already.
+    for e in vision_bundle.load_entries([carry], unpack_dir=work / f"{label}_work" / "pte"):
         if e["name"] in names:
             print(label, e["name"], e["pte_path"])
 EOF
