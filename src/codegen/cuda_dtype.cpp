@@ -33,7 +33,7 @@ std::string store_expr(engine::DType d, const std::string& value) {
   }
 }
 
-std::string affine_offset(const passes::AffineMap& map, const std::vector<int64_t>& shape) {
+std::string affine_offset(const AffineMap& map, const std::vector<int64_t>& shape) {
   if (map.coef.size() != shape.size())
     throw CompileError("internal: affine map of rank " + std::to_string(map.coef.size()) + " over shape " +
                        ir::shape_to_string(shape));

@@ -2,13 +2,21 @@
 // that widen to float, stores that narrow, and affine index expressions.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "engine_format/engine_desc.h"
-#include "passes/exec_plan.h"
 
 namespace kiln::codegen {
+
+// Where element `idx` of an iteration space lives in a contiguous tensor:
+// offset = base + sum_j idx_j * coef[j]. Permutes, slices, selects, and the
+// pieces of cat and split are all such maps.
+struct AffineMap {
+  int64_t base = 0;
+  std::vector<int64_t> coef;  // one per iteration dimension
+};
 
 const char* storage_type(engine::DType d);
 std::string load_expr(engine::DType d, const std::string& ref);
@@ -16,6 +24,6 @@ std::string store_expr(engine::DType d, const std::string& value);
 
 // `map`'s offset for flat index `i` over the row-major `shape`, as a C++
 // expression of long longs with the shape baked in.
-std::string affine_offset(const passes::AffineMap& map, const std::vector<int64_t>& shape);
+std::string affine_offset(const AffineMap& map, const std::vector<int64_t>& shape);
 
 }  // namespace kiln::codegen

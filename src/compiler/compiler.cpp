@@ -1,125 +1,49 @@
-// The compiler pipeline: verify -> fold constants -> precision -> fuse ->
-// plan memory -> generate and compile kernels -> lower to an EngineDesc ->
-// serialize. Each phase reports progress through CompileOptions::progress.
+// The compiler pipeline: the named passes (passes() below: verify, fold
+// constants, fold batch norm, channels-last, precision, fuse, ...), then
+// memory planning and lowering (each planned step lowers itself, see
+// ops/step_plan.h), NVRTC, serialization. Progress goes through
+// CompileOptions::progress; debug_dir dumps the state after each pass.
 #include "compiler/compiler.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <sstream>
 
-#include "codegen/depthwise_codegen.h"
 #include "codegen/nvrtc_compiler.h"
-#include "codegen/pointwise_codegen.h"
-#include "codegen/pool_codegen.h"
-#include "codegen/reduce_codegen.h"
 #include "engine_format/engine_format.h"
-#include "passes/fuse_conv.h"
+#include "ops/elementwise_kernel.h"
+#include "ops/step_plan.h"
 #include "passes/passes.h"
 
 namespace kiln::compiler {
 namespace {
 
-class Lowering {
+class Lowering final : public ops::LowerContext {
  public:
   Lowering(const ir::Graph& graph, const passes::ExecPlan& plan) : graph_(graph), plan_(plan) {}
 
   engine::EngineDesc run(const CompileOptions& options, engine::DType compute) {
     add_io_tensors();
     assign_storage();
-    std::string source = codegen::pointwise_prelude();
-    int kernels = 0;
-    for (size_t i = 0; i < plan_.ops.size(); ++i) {
-      const passes::PlannedOp& op = plan_.ops[i];
+    source_ = ops::pointwise_prelude();
+    for (const ops::PlannedOp& op : plan_.ops) {
       engine::Step step;
       step.label = op.label;
-      if (op.kind == passes::PlannedOp::Kind::kGemm) {
-        step.kind = engine::StepKind::kGemm;
-        const passes::GemmPlan& g = op.gemm;
-        step.gemm.a = tensor(g.a);
-        step.gemm.b = tensor(g.b);
-        step.gemm.bias = g.bias >= 0 ? tensor(g.bias) : engine::kNoTensor;
-        step.gemm.c = g.c >= 0 ? tensor(g.c) : engine::kNoTensor;
-        step.gemm.out = tensor(g.out);
-        step.gemm.m = g.m;
-        step.gemm.n = g.n;
-        step.gemm.k = g.k;
-        step.gemm.b_transposed = g.b_transposed;
-        step.gemm.epilogue = g.epilogue;
-        step.gemm.alpha = g.alpha;
-        step.gemm.beta = g.beta;
-        step.gemm.batch = g.batch;
-        step.gemm.stride_a = g.stride_a;
-        step.gemm.stride_b = g.stride_b;
-        step.gemm.stride_c = g.stride_c;
-        step.gemm.stride_out = g.stride_out;
-      } else if (op.kind == passes::PlannedOp::Kind::kConv) {
-        step.kind = engine::StepKind::kConv;
-        step.conv = lower_conv(op.conv);
-      } else if (op.kind == passes::PlannedOp::Kind::kPool) {
-        step.kind = engine::StepKind::kKernel;
-        std::string function = "kiln_pool_" + std::to_string(kernels++);
-        source += "\n" + codegen::generate_pool_kernel(graph_, op.pool, function);
-        engine::KernelStep& k = step.kernel;
-        k.function = function;
-        int64_t n = graph_.value(op.pool.out).numel();
-        k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + codegen::kPoolBlock - 1) / codegen::kPoolBlock), 65536));
-        k.block[0] = codegen::kPoolBlock;
-        k.args = {tensor_arg(op.pool.out), tensor_arg(op.pool.input), int_arg(n)};
-      } else if (op.kind == passes::PlannedOp::Kind::kDepthwise) {
-        step.kind = engine::StepKind::kKernel;
-        std::string function = "kiln_dw_" + std::to_string(kernels++);
-        codegen::DepthwiseKernel gen = codegen::generate_depthwise_kernel(graph_, op.depthwise, function);
-        source += "\n" + gen.source;
-        engine::KernelStep& k = step.kernel;
-        k.function = function;
-        k.grid[0] = gen.grid;
-        k.block[0] = gen.block;
-        for (int v : gen.tensor_args) k.args.push_back(tensor_arg(v));
-        k.args.push_back(int_arg(gen.n));
-      } else if (op.kind == passes::PlannedOp::Kind::kReduce) {
-        step.kind = engine::StepKind::kKernel;
-        std::string function = "kiln_reduce_" + std::to_string(kernels++);
-        codegen::ReduceKernel gen = codegen::generate_reduce_kernel(graph_, op.reduce, function);
-        source += "\n" + gen.source;
-        engine::KernelStep& k = step.kernel;
-        k.function = function;
-        for (int d = 0; d < 3; ++d) {
-          k.grid[d] = gen.grid[d];
-          k.block[d] = gen.block[d];
-        }
-        k.args = {tensor_arg(op.reduce.out), tensor_arg(op.reduce.input), int_arg(graph_.value(op.reduce.out).numel())};
-      } else {
-        step.kind = engine::StepKind::kKernel;
-        std::string function = "kiln_pw_" + std::to_string(kernels++);
-        source += "\n" + codegen::generate_pointwise_kernel(graph_, op.pointwise, function);
-        engine::KernelStep& k = step.kernel;
-        k.module = 0;
-        k.function = function;
-        int64_t n = op.pointwise.iter_shape.empty() ? graph_.value(op.pointwise.out).numel()
-                                                    : ir::numel_of(op.pointwise.iter_shape);
-        int64_t blocks = std::max<int64_t>(1, (n + codegen::kPointwiseBlock - 1) / codegen::kPointwiseBlock);
-        k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(blocks, 65536));
-        k.block[0] = codegen::kPointwiseBlock;
-        k.args.push_back(tensor_arg(op.pointwise.out));
-        for (int in : op.pointwise.inputs) k.args.push_back(tensor_arg(in));
-        engine::KernelArg count;
-        count.kind = engine::KernelArgKind::kInt64;
-        count.i64 = n;
-        k.args.push_back(count);
-      }
+      op.plan->lower(*this, step);
       desc_.steps.push_back(std::move(step));
     }
-    if (kernels > 0) {
+    if (kernels_ > 0) {
       if (options.progress) {
         std::ostringstream msg;
-        msg << "generating " << kernels << " fused kernel" << (kernels == 1 ? "" : "s") << " with NVRTC for";
+        msg << "generating " << kernels_ << " fused kernel" << (kernels_ == 1 ? "" : "s") << " with NVRTC for";
         for (uint32_t sm : options.target_sms) msg << " sm_" << sm;
         if (options.emit_ptx) msg << " + PTX";
         options.progress(msg.str());
       }
-      desc_.modules.push_back(codegen::compile_module("kiln_kernels", source, options.target_sms, options.emit_ptx));
+      desc_.modules.push_back(codegen::compile_module("kiln_kernels", source_, options.target_sms, options.emit_ptx));
     }
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
@@ -127,65 +51,23 @@ class Lowering {
     desc_.metadata.emplace_back("target_sms", sms.str());
     desc_.metadata.emplace_back("nvrtc", codegen::nvrtc_version());
     desc_.metadata.emplace_back("source_nodes", std::to_string(graph_.nodes().size()));
+    desc_.metadata.emplace_back("conv_gemm", ops::conv_gemm_name(options.op_options.conv_gemm));
+    desc_.metadata.emplace_back("depthwise_kernels", options.op_options.depthwise_kernels ? "true" : "false");
     if (options.use_cuda_graphs >= 0)
       desc_.metadata.emplace_back("use_cuda_graphs", options.use_cuda_graphs ? "true" : "false");
     return std::move(desc_);
   }
 
+  const ir::Graph& graph() const override { return graph_; }
+  std::string kernel_name(const std::string& prefix) override { return prefix + "_" + std::to_string(kernels_++); }
+  void add_source(const std::string& source) override { source_ += "\n" + source; }
+
  private:
-  uint32_t tensor(int value) const {
+  uint32_t tensor(int value) const override {
     auto it = index_.find(plan_.storage_of(value));
     if (it == index_.end()) throw CompileError("internal: value '" + graph_.value(value).name + "' has no storage");
     return it->second;
   }
-  static engine::KernelArg int_arg(int64_t v) {
-    engine::KernelArg arg;
-    arg.kind = engine::KernelArgKind::kInt64;
-    arg.i64 = v;
-    return arg;
-  }
-
-  engine::ConvStep lower_conv(const passes::ConvPlan& c) const {
-    const ir::Value& x = graph_.value(c.x);
-    const ir::Value& w = graph_.value(c.w);
-    const ir::Value& y = graph_.value(c.out);
-    engine::ConvStep s;
-    s.x = tensor(c.x);
-    s.w = tensor(c.w);
-    s.bias = c.bias >= 0 ? tensor(c.bias) : engine::kNoTensor;
-    s.z = c.z >= 0 ? tensor(c.z) : engine::kNoTensor;
-    s.out = tensor(c.out);
-    s.n = x.shape[0];
-    s.h = x.shape[1];
-    s.w_in = x.shape[2];
-    s.c = x.shape[3];
-    s.k = w.shape[0];
-    s.r = w.shape[1];
-    s.s = w.shape[2];
-    s.p = y.shape[1];
-    s.q = y.shape[2];
-    s.pad_h = c.pad_h;
-    s.pad_w = c.pad_w;
-    s.stride_h = c.stride_h;
-    s.stride_w = c.stride_w;
-    s.dilation_h = c.dilation_h;
-    s.dilation_w = c.dilation_w;
-    s.groups = c.groups;
-    s.activation = c.relu ? engine::ConvActivation::kRelu : engine::ConvActivation::kNone;
-    for (int v : {c.x, c.w, c.bias, c.z})
-      if (v >= 0 && graph_.value(v).dtype != y.dtype)
-        throw CompileError("convolution '" + y.name + "': operand '" + graph_.value(v).name + "' is " +
-                           engine::dtype_name(graph_.value(v).dtype) + ", result is " + engine::dtype_name(y.dtype));
-    return s;
-  }
-
-  engine::KernelArg tensor_arg(int value) const {
-    engine::KernelArg arg;
-    arg.kind = engine::KernelArgKind::kTensor;
-    arg.tensor = tensor(value);
-    return arg;
-  }
-
   uint32_t add_tensor(int value, engine::StorageKind storage, uint32_t io_index) {
     const ir::Value& v = graph_.value(value);
     engine::TensorDesc t;
@@ -257,19 +139,119 @@ class Lowering {
   const passes::ExecPlan& plan_;
   engine::EngineDesc desc_;
   std::map<int, uint32_t> index_;  // storage root value -> tensor index
+  std::string source_;             // the engine's one generated module
+  int kernels_ = 0;
 };
-
-// Depthwise convolutions as generated kernels with their elementwise epilogue
-// fused (mobilenet_v3 b8 on the H200: 0.86 -> 0.40 ms with graph replay);
-// KILN_DEPTHWISE_KERNEL=0 keeps them on cuDNN.
-bool depthwise_kernels_enabled() {
-  const char* env = std::getenv("KILN_DEPTHWISE_KERNEL");
-  return !(env && std::strcmp(env, "0") == 0);
-}
 
 void report(const CompileOptions& options, const std::string& message) {
   if (options.progress) options.progress(message);
 }
+
+// The pass pipeline: named passes in order over one state (the graph, and
+// the step plan from fusion on). compile_to_desc runs them and, with
+// CompileOptions::debug_dir, dumps the state after each.
+struct PassState {
+  ir::Graph graph;
+  passes::ExecPlan plan;
+  bool planned = false;
+};
+
+struct Pass {
+  const char* name;
+  std::function<void(PassState&, const CompileOptions&, engine::DType compute)> run;
+};
+
+const std::vector<Pass>& passes() {
+  static const std::vector<Pass> kPasses = {
+      {"verify", [](PassState& s, const CompileOptions&, engine::DType) { s.graph.verify(); }},
+      {"fold_constants", [](PassState& s, const CompileOptions&, engine::DType) { passes::fold_constants(s.graph); }},
+      {"fold_batch_norm",
+       [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::fold_batch_norm(s.graph); }},
+      {"channels_last",
+       [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::to_channels_last(s.graph); }},
+      // permutes/views of constants the layout pass made
+      {"fold_layout_constants",
+       [](PassState& s, const CompileOptions&, engine::DType) { passes::fold_constants(s.graph); }},
+      {"precision",
+       [](PassState& s, const CompileOptions&, engine::DType c) { s.graph = passes::apply_precision(s.graph, c); }},
+      {"fuse",
+       [](PassState& s, const CompileOptions& o, engine::DType) {
+         s.plan = passes::fuse(s.graph, o.op_options);
+         s.planned = true;
+       }},
+      {"depthwise_kernels",
+       [](PassState& s, const CompileOptions& o, engine::DType) {
+         if (o.op_options.depthwise_kernels) passes::plan_depthwise_kernels(s.graph, s.plan);
+       }},
+      {"split_reductions",
+       [](PassState& s, const CompileOptions&, engine::DType) { passes::split_reductions(s.graph, s.plan); }},
+  };
+  return kPasses;
+}
+
+std::string describe_plan(const ir::Graph& graph, const passes::ExecPlan& plan) {
+  std::ostringstream out;
+  auto name = [&](int v) { return graph.value(v).name; };
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const ops::PlannedOp& op = plan.ops[i];
+    out << "step " << i << " " << op.label << ": " << name(op.writes()) << " <-";
+    for (int r : op.reads()) out << " " << name(r);
+    out << "\n";
+  }
+  for (const auto& [view, root] : plan.alias_of) out << "view " << name(view) << " = storage of " << name(root) << "\n";
+  return out.str();
+}
+
+class Pipeline {
+ public:
+  Pipeline(const ir::Graph& input, const CompileOptions& options) : options_(options) {
+    state.graph = input;
+    if (!options.debug_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(options.debug_dir, ec);
+      if (ec) throw CompileError("debug_dir '" + options.debug_dir + "' cannot be created: " + ec.message());
+      write("00_input.txt", state.graph.describe());
+    }
+  }
+
+  void dump(const std::string& pass) {
+    if (options_.debug_dir.empty()) return;
+    std::string text = state.graph.describe();
+    if (state.planned) text += "\n# step plan\n" + describe_plan(state.graph, state.plan);
+    write(next_prefix() + pass + ".txt", text);
+  }
+
+  void dump_steps(const engine::EngineDesc& desc) {
+    if (options_.debug_dir.empty()) return;
+    std::ostringstream out;
+    for (size_t i = 0; i < desc.steps.size(); ++i) {
+      const engine::Step& s = desc.steps[i];
+      out << "step " << i << " " << s.label << ": "
+          << (s.kind == engine::StepKind::kGemm ? "gemm" : s.kind == engine::StepKind::kConv ? "conv" : s.kernel.function)
+          << "\n";
+    }
+    out << "arena " << desc.arena_bytes << " bytes, weights " << desc.weights.size() << " bytes\n";
+    write(next_prefix() + "lower.txt", out.str());
+  }
+
+  PassState state;
+
+ private:
+  std::string next_prefix() {
+    char buffer[8];
+    std::snprintf(buffer, sizeof(buffer), "%02d_", ++count_);
+    return buffer;
+  }
+  void write(const std::string& file, const std::string& text) const {
+    const std::string path = options_.debug_dir + "/" + file;
+    std::ofstream out(path);
+    out << text;
+    if (!out) throw CompileError("debug_dir: cannot write " + path);
+  }
+
+  const CompileOptions& options_;
+  int count_ = 0;
+};
 
 }  // namespace
 
@@ -282,27 +264,32 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
     if (d != engine::DType::kFloat32 && d != engine::DType::kFloat16 && d != engine::DType::kBFloat16)
       throw CompileError(std::string("enabled precision ") + engine::dtype_name(d) + " is not float32, float16 or bfloat16");
 
-  ir::Graph graph = input;
-  graph.verify();
-  passes::fold_constants(graph);
-  graph = passes::fold_batch_norm(graph);
-  graph = passes::to_channels_last(graph);
-  passes::fold_constants(graph);  // permutes/views of constants the layout pass made
+  Pipeline pipeline(input, options);
   engine::DType compute = passes::choose_compute_dtype(options.enabled_precisions);
-  graph = passes::apply_precision(graph, compute);
-  passes::ExecPlan plan = passes::fuse(graph);
-  if (depthwise_kernels_enabled()) passes::plan_depthwise_kernels(graph, plan);
-  passes::split_reductions(graph, plan);
+  for (const Pass& pass : passes()) {
+    pass.run(pipeline.state, options, compute);
+    pipeline.dump(pass.name);
+  }
+  passes::ExecPlan& plan = pipeline.state.plan;
+  ir::Graph& graph = pipeline.state.graph;
   int gemms = 0, convs = 0;
   for (const auto& op : plan.ops) {
-    gemms += op.kind == passes::PlannedOp::Kind::kGemm;
-    convs += op.kind == passes::PlannedOp::Kind::kConv;
+    gemms += op.is<ops::GemmPlan>();
+    convs += op.is<ops::ConvPlan>();
   }
   report(options, std::to_string(graph.nodes().size()) + " nodes -> " + std::to_string(gemms) + " GEMMs + " +
                       (convs ? std::to_string(convs) + " convolutions + " : std::string()) +
                       std::to_string(plan.ops.size() - static_cast<size_t>(gemms + convs)) +
                       " fused kernels, computing in " + engine::dtype_name(compute));
-  return Lowering(graph, plan).run(options, compute);
+  engine::EngineDesc desc = Lowering(graph, plan).run(options, compute);
+  pipeline.dump_steps(desc);
+  return desc;
+}
+
+std::vector<std::string> pass_names() {
+  std::vector<std::string> names;
+  for (const Pass& p : passes()) names.push_back(p.name);
+  return names;
 }
 
 std::vector<uint8_t> compile_graph(const ir::Graph& graph, const CompileOptions& options) {

@@ -1,6 +1,7 @@
-// The engine compiler's entry points: which ops it takes (the one source of
-// truth the Python partitioner asks) and graph -> serialized engine.
-// Phases: verify -> precision -> fuse -> plan memory -> lower -> serialize.
+// The engine compiler's entry points: which ops it takes (the op registry,
+// ops/op_registry.h, asked through check_support: the one source of truth
+// the Python partitioner uses) and graph -> serialized engine through the
+// named pass pipeline (pass_names()) -> lowering -> serialization.
 //
 // Compiler code: throws kiln::CompileError with a message naming the node.
 #pragma once
@@ -14,6 +15,8 @@
 
 #include "engine_format/engine_desc.h"
 #include "ir/graph.h"
+#include "ops/op_options.h"
+#include "ops/op_query.h"
 
 namespace kiln::compiler {
 
@@ -28,29 +31,30 @@ struct CompileOptions {
   std::vector<engine::DType> enabled_precisions = {engine::DType::kFloat32};
   // Baked into the engine's metadata (-1: no choice baked, 0: off, 1: on).
   int use_cuda_graphs = -1;
+  // How ops are planned (1x1 convs as GEMMs, depthwise kernels); recorded
+  // in the engine metadata.
+  ops::OpOptions op_options;
+  // When not empty: the IR (and, after fusion, the step plan) is written to
+  // <debug_dir>/<NN>_<pass>.txt after every pass, and the lowered steps to
+  // <debug_dir>/<NN>_lower.txt. The folder is created if needed.
+  std::string debug_dir;
   // Called with a one-line progress message (per phase and per kernel).
   std::function<void(const std::string&)> progress;
 };
 
-// Describes one node to the capability query, without building a graph.
-struct TensorInfo {
-  engine::DType dtype = engine::DType::kFloat32;
-  std::vector<int64_t> shape;
-  bool is_constant = false;  // a parameter, buffer or lifted constant
-};
+// The passes compile_to_desc runs, in order (the names used in debug dumps).
+std::vector<std::string> pass_names();
 
-struct OpQuery {
-  std::string op;
-  std::vector<TensorInfo> inputs;  // tensor arguments, in schema order
-  std::map<std::string, ir::Attr> attrs;
-  std::vector<TensorInfo> outputs;
-};
+// Describes one node to the capability query, without building a graph.
+using ops::OpQuery;
+using ops::TensorInfo;
 
 // nullopt when the compiler takes the node; otherwise the reason it does not.
 std::optional<std::string> check_support(const OpQuery& query);
 
-// The ATen op names the compiler knows (a node may still be refused by
-// check_support for its dtypes, shapes or attributes).
+// The ATen op names the compiler knows: every op in the registry that a
+// partition may contain (internal kiln.* ops excluded). A node may still be
+// refused by check_support for its dtypes, shapes or attributes.
 std::vector<std::string> supported_ops();
 
 // Compiles `graph` into an engine. Throws CompileError.

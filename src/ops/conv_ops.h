@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "compiler/compiler.h"
+#include "ops/op_query.h"
 #include "ir/graph.h"
 
 namespace kiln::ops {
@@ -22,8 +22,8 @@ bool is_conv_op(const std::string& op);        // aten.convolution.default / con
 bool is_batch_norm_op(const std::string& op);  // inference batch norm
 
 // Empty when the compiler takes the node, else why not.
-std::string check_conv(const compiler::OpQuery& query);
-std::string check_batch_norm(const compiler::OpQuery& query);
+std::string check_conv(const OpQuery& query);
+std::string check_batch_norm(const OpQuery& query);
 
 // A 2-D convolution's hyper-parameters, from an ATen convolution node or a
 // kiln.conv2d_nhwc node (same attribute names).

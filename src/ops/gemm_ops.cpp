@@ -1,14 +1,166 @@
 #include "ops/gemm_ops.h"
 
+#include <cstring>
+
 #include "ir/graph.h"
+#include "ops/op_registry.h"
 
 namespace kiln::ops {
+
+namespace {
+
+// "aten.addmm.default" -> "addmm"
+std::string short_name(const std::string& op) {
+  size_t a = op.find('.');
+  size_t b = op.find('.', a + 1);
+  if (a == std::string::npos) return op;
+  return op.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+}
+
+// Adds b^T of a constant [k, n] matrix as a new constant [n, k], so the GEMM
+// reads the weight in nn.Linear's layout and nothing transposes at run time.
+int transposed_constant(ir::Graph& graph, int id) {
+  const ir::Value& v = graph.value(id);
+  int64_t k = v.shape[0], n = v.shape[1];
+  size_t elem = engine::dtype_size(v.dtype);
+  std::vector<uint8_t> data(v.data.size());
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(&data[static_cast<size_t>(j * k + i) * elem], &v.data[static_cast<size_t>(i * n + j) * elem], elem);
+  return graph.add_constant(v.name + "_kn", v.dtype, {n, k}, std::move(data));
+}
+
+// linear / addmm / mm / bmm -> one GEMM step; a ReLU that is the product's
+// only consumer becomes its epilogue.
+void plan_gemm(PlanContext& ctx, int node_index) {
+  ir::Graph& graph = ctx.graph();
+  const ir::Node node = graph.nodes()[static_cast<size_t>(node_index)];  // copy: the graph may grow
+  const int out = node.outputs.at(0);
+  GemmPlan g;
+  auto input = [&](size_t i) -> const ir::Value& { return graph.value(node.inputs.at(i)); };
+  if (node.op == "aten.linear.default") {
+    g.a = node.inputs[0];
+    g.b = node.inputs[1];
+    g.b_transposed = true;
+    g.n = input(1).shape[0];
+    g.k = input(1).shape[1];
+    if (input(0).shape.back() != g.k)
+      throw CompileError("node '" + node.name + "': input features " + std::to_string(input(0).shape.back()) +
+                         " do not match weight " + ir::shape_to_string(input(1).shape));
+    g.m = input(0).numel() / g.k;
+    if (node.inputs.size() == 3) {
+      g.bias = node.inputs[2];
+      g.epilogue = engine::GemmEpilogue::kBias;
+    }
+  } else if (node.op == "aten.bmm.default") {
+    const ir::Value& a = input(0);
+    const ir::Value& b = input(1);
+    if (a.shape.size() != 3 || b.shape.size() != 3 || a.shape[0] != b.shape[0] || a.shape[2] != b.shape[1])
+      throw CompileError("node '" + node.name + "': cannot batch-multiply " + ir::shape_to_string(a.shape) + " by " +
+                         ir::shape_to_string(b.shape));
+    g.a = node.inputs[0];
+    g.b = node.inputs[1];
+    g.batch = a.shape[0];
+    g.m = a.shape[1];
+    g.k = a.shape[2];
+    g.n = b.shape[2];
+    if (g.batch > 1) {
+      g.stride_a = g.m * g.k;
+      g.stride_b = g.k * g.n;
+      g.stride_out = g.m * g.n;
+    }
+  } else {
+    size_t first = node.op == "aten.addmm.default" ? 1 : 0;
+    const ir::Value& mat1 = input(first);
+    const ir::Value& mat2 = input(first + 1);
+    if (mat1.shape[1] != mat2.shape[0])
+      throw CompileError("node '" + node.name + "': cannot multiply " + ir::shape_to_string(mat1.shape) + " by " +
+                         ir::shape_to_string(mat2.shape));
+    g.m = mat1.shape[0];
+    g.k = mat1.shape[1];
+    g.n = mat2.shape[1];
+    g.a = node.inputs[first];
+    if (mat2.is_constant) {
+      g.b = transposed_constant(graph, node.inputs[first + 1]);
+      g.b_transposed = true;
+    } else {
+      g.b = node.inputs[first + 1];
+    }
+    if (first == 1) {
+      g.alpha = static_cast<float>(node.float_attr("alpha", 1.0));
+      double beta = node.float_attr("beta", 1.0);
+      const ir::Value& self = graph.value(node.inputs[0]);
+      bool row = self.numel() == g.n && (self.shape.size() == 1 || self.shape[0] == 1);
+      if (row && beta == 1.0) {
+        g.bias = node.inputs[0];
+        g.epilogue = engine::GemmEpilogue::kBias;
+      } else if (self.shape.size() == 2 && self.shape[0] == g.m && self.shape[1] == g.n) {
+        g.c = node.inputs[0];
+        g.beta = static_cast<float>(beta);
+      } else {
+        // check_gemm refuses this shape/beta pair, so it is never promised.
+        throw CompileError("node '" + node.name + "': addmm with input " + ir::shape_to_string(self.shape) +
+                           " and beta " + std::to_string(beta) + " is not supported");
+      }
+    }
+  }
+  for (int v : g.reads())
+    if (graph.value(v).dtype != graph.value(out).dtype)
+      throw CompileError("node '" + node.name + "': operand '" + graph.value(v).name + "' is " +
+                         engine::dtype_name(graph.value(v).dtype) + ", result is " +
+                         engine::dtype_name(graph.value(out).dtype));
+  g.out = out;
+  std::string label = short_name(node.op);
+  const int next = ctx.sole_consumer(out);
+  if (next >= 0 && g.c < 0) {
+    const ir::Node& relu = graph.nodes()[static_cast<size_t>(next)];
+    if (relu.op == "aten.relu.default") {
+      g.epilogue = g.epilogue == engine::GemmEpilogue::kBias ? engine::GemmEpilogue::kReluBias
+                                                             : engine::GemmEpilogue::kRelu;
+      g.out = relu.outputs[0];
+      ctx.absorb(next);
+      label += "+relu";
+    }
+  }
+  ctx.emit(PlannedOp(label, std::move(g)));
+}
+
+}  // namespace
 
 bool is_gemm_op(const std::string& op) {
   return op == "aten.linear.default" || op == "aten.addmm.default" || op == "aten.mm.default" || op == "aten.bmm.default";
 }
 
-std::string check_gemm(const compiler::OpQuery& q) {
+std::vector<int> GemmPlan::reads() const {
+  std::vector<int> r = {a, b};
+  if (bias >= 0) r.push_back(bias);
+  if (c >= 0) r.push_back(c);
+  return r;
+}
+
+void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kGemm;
+  engine::GemmStep& s = step.gemm;
+  s.a = ctx.tensor(a);
+  s.b = ctx.tensor(b);
+  s.bias = bias >= 0 ? ctx.tensor(bias) : engine::kNoTensor;
+  s.c = c >= 0 ? ctx.tensor(c) : engine::kNoTensor;
+  s.out = ctx.tensor(out);
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s.b_transposed = b_transposed;
+  s.epilogue = epilogue;
+  s.alpha = alpha;
+  s.beta = beta;
+  s.batch = batch;
+  s.stride_a = stride_a;
+  s.stride_b = stride_b;
+  s.stride_c = stride_c;
+  s.stride_out = stride_out;
+}
+
+std::string check_gemm(const OpQuery& q) {
   const auto& in = q.inputs;
   for (size_t i = 1; i < in.size(); ++i)
     if (in[i].dtype != in[0].dtype) return "operands have different dtypes";
@@ -33,6 +185,13 @@ std::string check_gemm(const compiler::OpQuery& q) {
     bool bias_row = (s.size() == 1 && s[0] == n) || (s.size() == 2 && s[0] == 1 && s[1] == n);
     bool full = s.size() == 2 && s[0] == m && s[1] == n;
     if (!bias_row && !full) return "addmm input of shape " + ir::shape_to_string(s) + " is not [n], [1, n] or [m, n]";
+    // A bias row is added once: beta scales only a full [m, n] addend (C).
+    auto beta = q.attrs.find("beta");
+    if (bias_row && !full && beta != q.attrs.end()) {
+      const double* d = std::get_if<double>(&beta->second);
+      const int64_t* i = std::get_if<int64_t>(&beta->second);
+      if ((d && *d != 1.0) || (i && *i != 1)) return "addmm with a bias row and beta != 1 is not supported";
+    }
     return "";
   }
   if (q.op == "aten.linear.default") {
@@ -43,6 +202,20 @@ std::string check_gemm(const compiler::OpQuery& q) {
     return "";
   }
   return "not a matrix product";
+}
+
+KILN_REGISTER_OPS(gemm) {
+  for (const char* name : {"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.bmm.default"}) {
+    OpDef def;
+    def.name = name;
+    def.role = OpRole::kStep;
+    def.check = [](const OpQuery& q) -> std::string {
+      if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
+      return check_gemm(q);
+    };
+    def.plan = plan_gemm;
+    register_op(std::move(def));
+  }
 }
 
 }  // namespace kiln::ops

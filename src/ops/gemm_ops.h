@@ -5,13 +5,13 @@
 
 #include <string>
 
-#include "compiler/compiler.h"
+#include "ops/op_query.h"
 
 namespace kiln::ops {
 
 bool is_gemm_op(const std::string& op);
 
 // Empty when the compiler takes the node, else why not.
-std::string check_gemm(const compiler::OpQuery& query);
+std::string check_gemm(const OpQuery& query);
 
 }  // namespace kiln::ops

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ops/op_registry.h"
 #include "ops/view_ops.h"
 
 namespace kiln::ops {
@@ -22,11 +23,11 @@ int64_t normalize_dim(int64_t dim, size_t rank, const ir::Node& node) {
 }
 
 // Identity map over a contiguous tensor of `shape`.
-passes::AffineMap contiguous(const std::vector<int64_t>& shape) { return {0, strides_of(shape)}; }
+AffineMap contiguous(const std::vector<int64_t>& shape) { return {0, strides_of(shape)}; }
 
-passes::PointwisePlan piece(int input, int out, std::vector<int64_t> iter_shape, passes::AffineMap in_map,
-                            passes::AffineMap out_map) {
-  passes::PointwisePlan p;
+PointwisePlan piece(int input, int out, std::vector<int64_t> iter_shape, AffineMap in_map,
+                            AffineMap out_map) {
+  PointwisePlan p;
   p.inputs = {input};
   p.out = out;
   p.iter_shape = std::move(iter_shape);
@@ -42,7 +43,7 @@ bool is_layout_op(const std::string& op) {
          op == "aten.cat.default" || op == "aten.split_with_sizes_copy.default" || op == "aten.split_copy.Tensor";
 }
 
-std::string check_layout(const compiler::OpQuery& q) {
+std::string check_layout(const OpQuery& q) {
   if (q.inputs.empty()) return q.op + " needs a tensor input";
   for (const auto& t : q.inputs)
     if (t.dtype != q.inputs[0].dtype) return q.op + " with inputs of different dtypes is not supported";
@@ -61,13 +62,13 @@ std::string check_layout(const compiler::OpQuery& q) {
   return "";
 }
 
-std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node) {
+std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node) {
   const ir::Value& in = graph.value(node.inputs.at(0));
   const std::vector<int64_t> in_strides = strides_of(in.shape);
   const std::string& op = node.op;
   if (is_constant_permute_op(op)) {  // of an activation (weights are folded)
     std::vector<int64_t> perm = permutation_of(node, in.shape.size());
-    passes::AffineMap map;
+    AffineMap map;
     for (int64_t p : perm) map.coef.push_back(in_strides[static_cast<size_t>(p)]);
     const ir::Value& out = graph.value(node.outputs[0]);
     return {piece(in.id, out.id, out.shape, map, contiguous(out.shape))};
@@ -80,7 +81,7 @@ std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir:
     if (start < 0) start += size;
     start = std::min(std::max<int64_t>(start, 0), size);
     int64_t step = node.int_attr("step", 1);
-    passes::AffineMap map{start * in_strides[static_cast<size_t>(d)], in_strides};
+    AffineMap map{start * in_strides[static_cast<size_t>(d)], in_strides};
     map.coef[static_cast<size_t>(d)] *= step;
     if (out.shape.size() != in.shape.size())
       throw CompileError("node '" + node.name + "': slice output rank differs from its input's");
@@ -95,7 +96,7 @@ std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir:
       throw CompileError("node '" + node.name + "': index " + std::to_string(index) + " out of range for size " +
                          std::to_string(size));
     if (index < 0) index += size;
-    passes::AffineMap map{index * in_strides[static_cast<size_t>(d)], {}};
+    AffineMap map{index * in_strides[static_cast<size_t>(d)], {}};
     for (size_t j = 0; j < in.shape.size(); ++j)
       if (static_cast<int64_t>(j) != d) map.coef.push_back(in_strides[j]);
     return {piece(in.id, out.id, out.shape, map, contiguous(out.shape))};
@@ -104,7 +105,7 @@ std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir:
     const ir::Value& out = graph.value(node.outputs[0]);
     int64_t d = normalize_dim(node.int_attr("dim", 0), out.shape.size(), node);
     std::vector<int64_t> out_strides = strides_of(out.shape);
-    std::vector<passes::PointwisePlan> pieces;
+    std::vector<PointwisePlan> pieces;
     int64_t offset = 0;
     for (int id : node.inputs) {
       const ir::Value& part = graph.value(id);
@@ -112,7 +113,7 @@ std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir:
       if (part.shape.size() != out.shape.size())
         throw CompileError("node '" + node.name + "': cat input '" + part.name + "' has rank " +
                            std::to_string(part.shape.size()) + ", output has " + std::to_string(out.shape.size()));
-      passes::AffineMap write{offset * out_strides[static_cast<size_t>(d)], out_strides};
+      AffineMap write{offset * out_strides[static_cast<size_t>(d)], out_strides};
       pieces.push_back(piece(id, out.id, part.shape, contiguous(part.shape), write));
       offset += part.shape[static_cast<size_t>(d)];
     }
@@ -123,11 +124,11 @@ std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir:
   }
   // split: each output is a slice along `dim`.
   int64_t d = normalize_dim(node.int_attr("dim", 0), in.shape.size(), node);
-  std::vector<passes::PointwisePlan> pieces;
+  std::vector<PointwisePlan> pieces;
   int64_t offset = 0;
   for (int id : node.outputs) {
     const ir::Value& out = graph.value(id);
-    passes::AffineMap read{offset * in_strides[static_cast<size_t>(d)], in_strides};
+    AffineMap read{offset * in_strides[static_cast<size_t>(d)], in_strides};
     pieces.push_back(piece(in.id, id, out.shape, read, contiguous(out.shape)));
     offset += out.shape.at(static_cast<size_t>(d));
   }
@@ -135,6 +136,25 @@ std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir:
     throw CompileError("node '" + node.name + "': split sizes do not add up to the input along dim " +
                        std::to_string(d));
   return pieces;
+}
+
+// Permutes of constants are folded at export (passes/fold_constants.cpp);
+// what reaches fusion becomes layout kernels, one per piece.
+KILN_REGISTER_OPS(layout) {
+  for (const char* name : {"aten.permute_copy.default", "aten.permute.default", "aten.t_copy.default", "aten.t.default",
+                           "aten.transpose_copy.int", "aten.slice_copy.Tensor", "aten.select_copy.int",
+                           "aten.cat.default", "aten.split_with_sizes_copy.default", "aten.split_copy.Tensor"}) {
+    OpDef def;
+    def.name = name;
+    def.role = OpRole::kStep;
+    def.check = check_layout;
+    def.plan = [](PlanContext& ctx, int node) {
+      const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+      const std::string label = n.op.substr(5, n.op.find('.', 5) - 5);  // "aten.cat.default" -> "cat"
+      for (PointwisePlan& piece : plan_layout(ctx.graph(), n)) ctx.emit(PlannedOp(label, std::move(piece)));
+    };
+    register_op(std::move(def));
+  }
 }
 
 }  // namespace kiln::ops

@@ -6,18 +6,18 @@
 #include <string>
 #include <vector>
 
-#include "compiler/compiler.h"
+#include "ops/op_query.h"
 #include "ir/graph.h"
-#include "passes/exec_plan.h"
+#include "ops/step_plan.h"
 
 namespace kiln::ops {
 
 bool is_layout_op(const std::string& op);
 
 // Empty when the compiler takes the node, else why not.
-std::string check_layout(const compiler::OpQuery& query);
+std::string check_layout(const OpQuery& query);
 
 // The layout kernels computing `node` (cat and split give one per piece).
-std::vector<passes::PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node);
+std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node);
 
 }  // namespace kiln::ops

@@ -1,5 +1,7 @@
 #include "ops/pointwise_ops.h"
 
+#include "ops/op_registry.h"
+
 #include <cmath>
 #include <cstdio>
 
@@ -26,7 +28,10 @@ double scalar_attr(const std::map<std::string, ir::Attr>& attrs, const std::stri
   return fallback;
 }
 
-}  // namespace
+struct PointwiseOp {
+  const char* name;   // edge-dialect op name, e.g. "aten.add.Tensor"
+  int tensor_inputs;  // 1 or 2
+};
 
 const std::vector<PointwiseOp>& pointwise_ops() {
   static const std::vector<PointwiseOp> kOps = {
@@ -47,11 +52,7 @@ const std::vector<PointwiseOp>& pointwise_ops() {
   return kOps;
 }
 
-const PointwiseOp* find_pointwise_op(const std::string& op) {
-  for (const PointwiseOp& p : pointwise_ops())
-    if (op == p.name) return &p;
-  return nullptr;
-}
+}  // namespace
 
 std::string check_pointwise_attrs(const std::string& op, const std::map<std::string, ir::Attr>& attrs) {
   bool ok = true;
@@ -125,6 +126,26 @@ std::string pointwise_expression(const ir::Node& node, const std::vector<std::st
       op == "aten.expand_copy.default")
     return x[0];
   throw CompileError("node '" + node.name + "': " + op + " is not an elementwise op");
+}
+
+KILN_REGISTER_OPS(elementwise) {
+  for (const PointwiseOp& p : pointwise_ops()) {
+    OpDef def;
+    def.name = p.name;
+    def.role = OpRole::kElementwise;
+    def.tensor_inputs = p.tensor_inputs;
+    def.check = [tensor_inputs = p.tensor_inputs](const OpQuery& q) -> std::string {
+      if (static_cast<int>(q.inputs.size()) != tensor_inputs)
+        return q.op + " with " + std::to_string(q.inputs.size()) + " tensor inputs is not supported";
+      if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
+      return check_pointwise_attrs(q.op, q.attrs);
+    };
+    def.expression = pointwise_expression;
+    // Casting a constant (e.g. an integer scalar lifted by export) to a
+    // float dtype is folded at export.
+    def.folds_constant_inputs = std::string(p.name) == "aten._to_copy.default";
+    register_op(std::move(def));
+  }
 }
 
 }  // namespace kiln::ops

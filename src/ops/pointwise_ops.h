@@ -1,25 +1,16 @@
 // The elementwise ATen ops the compiler fuses into generated kernels, each
-// with the CUDA expression it becomes. One table, read by the capability query
-// (op_support.cpp) and by the kernel generator (codegen/pointwise_codegen.cpp),
-// so the two cannot disagree.
+// with the CUDA expression it becomes (pointwise_ops.cpp registers them in
+// the op registry as OpRole::kElementwise; elementwise_kernel.cpp generates
+// the kernels).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
 
 namespace kiln::ops {
-
-struct PointwiseOp {
-  const char* name;    // edge-dialect op name, e.g. "aten.add.Tensor"
-  int tensor_inputs;   // 1 or 2
-};
-
-// nullptr when `op` is not an elementwise op the compiler knows.
-const PointwiseOp* find_pointwise_op(const std::string& op);
-
-const std::vector<PointwiseOp>& pointwise_ops();
 
 // Why the compiler refuses this node's attributes (e.g. div with a rounding
 // mode), or an empty string when it takes them.

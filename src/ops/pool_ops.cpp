@@ -1,7 +1,11 @@
 #include "ops/pool_ops.h"
 
 #include <array>
+#include <algorithm>
 #include <variant>
+
+#include "ops/op_registry.h"
+#include "ops/pool_kernel.h"
 
 namespace kiln::ops {
 namespace {
@@ -108,7 +112,7 @@ int64_t pool_output_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride
   return out;
 }
 
-std::string check_pool(const compiler::OpQuery& q) {
+std::string check_pool(const OpQuery& q) {
   if (q.inputs.size() != 1) return q.op + " needs one tensor input";
   const auto& x = q.inputs[0].shape;
   if (x.size() != 4) return q.op + " needs a 4-D [n, c, h, w] input (got " + ir::shape_to_string(x) + ")";
@@ -127,7 +131,7 @@ std::string check_pool(const compiler::OpQuery& q) {
   return "";
 }
 
-passes::PoolPlan plan_pool(const ir::Graph& graph, const ir::Node& node) {
+PoolPlan plan_pool(const ir::Graph& graph, const ir::Node& node) {
   Window w;
   std::string why = read_window(node.op, node.attrs, w);
   if (!why.empty()) throw CompileError("node '" + node.name + "': " + why);
@@ -135,15 +139,15 @@ passes::PoolPlan plan_pool(const ir::Graph& graph, const ir::Node& node) {
   const ir::Value& out = graph.value(node.outputs.at(0));
   if (in.shape.size() != 4 || out.shape.size() != 4)
     throw CompileError("node '" + node.name + "': pooling needs 4-D input and output");
-  passes::PoolPlan p;
+  PoolPlan p;
   p.input = in.id;
   p.out = out.id;
   std::array<int64_t, 2> expect{};
   if (is_adaptive(node.op)) {
-    p.kind = passes::PoolPlan::Kind::kAdaptiveAvg;
+    p.kind = PoolPlan::Kind::kAdaptiveAvg;
     expect = w.output_size;
   } else {
-    p.kind = is_max(node.op) ? passes::PoolPlan::Kind::kMax : passes::PoolPlan::Kind::kAvg;
+    p.kind = is_max(node.op) ? PoolPlan::Kind::kMax : PoolPlan::Kind::kAvg;
     p.kernel_h = w.kernel[0];
     p.kernel_w = w.kernel[1];
     p.stride_h = w.stride[0];
@@ -163,6 +167,43 @@ passes::PoolPlan plan_pool(const ir::Graph& graph, const ir::Node& node) {
                        " does not match input " + ir::shape_to_string(in.shape) + " (expected spatial " +
                        std::to_string(expect[0]) + "x" + std::to_string(expect[1]) + ")");
   return p;
+}
+
+void PoolPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_pool");
+  ctx.add_source(generate_pool_kernel(ctx.graph(), *this, k.function));
+  const int64_t n = ctx.graph().value(out).numel();
+  k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + kPoolBlock - 1) / kPoolBlock), 65536));
+  k.block[0] = kPoolBlock;
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(input), LowerContext::int_arg(n)};
+}
+
+// The ATen pooling ops are rewritten into their kiln.*_nhwc forms by the
+// channels-last pass (passes/channels_last.cpp); those plan one kernel each.
+KILN_REGISTER_OPS(pool) {
+  for (const char* name : {"aten.max_pool2d_with_indices.default", "aten.max_pool2d.default",
+                           "aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default",
+                           "aten.adaptive_avg_pool2d.default"}) {
+    OpDef def;
+    def.name = name;
+    def.role = OpRole::kRewritten;
+    def.check = check_pool;
+    if (def.name == "aten.max_pool2d_with_indices.default")
+      def.first_output_only = "max_pool2d indices are used; Kiln computes only the pooled values";
+    register_op(std::move(def));
+  }
+  for (const char* name : {"kiln.max_pool2d_nhwc", "kiln.avg_pool2d_nhwc", "kiln.adaptive_avg_pool2d_nhwc"}) {
+    OpDef def;
+    def.name = name;
+    def.role = OpRole::kStep;
+    def.plan = [](PlanContext& ctx, int node) {
+      const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+      ctx.emit(PlannedOp(n.op.substr(5), plan_pool(ctx.graph(), n)));  // "max_pool2d_nhwc"
+    };
+    register_op(std::move(def));
+  }
 }
 
 }  // namespace kiln::ops

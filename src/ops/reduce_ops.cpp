@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "ops/op_registry.h"
+#include "ops/reduce_kernel.h"
+
 namespace kiln::ops {
 
 bool is_reduce_op(const std::string& op) {
@@ -9,19 +12,19 @@ bool is_reduce_op(const std::string& op) {
          op == "aten.mean.default" || op == "aten.amax.default";
 }
 
-std::string check_reduce(const compiler::OpQuery& q) {
+std::string check_reduce(const OpQuery& q) {
   if (q.inputs.size() != 1 || q.outputs.size() != 1) return q.op + " needs one tensor input and one output";
   if (q.inputs[0].shape.empty()) return q.op + " of a 0-d tensor is not supported";
   return "";
 }
 
-passes::ReducePlan plan_reduce(const ir::Graph& graph, const ir::Node& node) {
-  passes::ReducePlan plan;
+ReducePlan plan_reduce(const ir::Graph& graph, const ir::Node& node) {
+  ReducePlan plan;
   plan.input = node.inputs.at(0);
   plan.out = node.outputs.at(0);
-  plan.kind = node.op.rfind("aten.mean", 0) == 0   ? passes::ReducePlan::Kind::kMean
-              : node.op.rfind("aten.amax", 0) == 0 ? passes::ReducePlan::Kind::kMax
-                                                   : passes::ReducePlan::Kind::kSum;
+  plan.kind = node.op.rfind("aten.mean", 0) == 0   ? ReducePlan::Kind::kMean
+              : node.op.rfind("aten.amax", 0) == 0 ? ReducePlan::Kind::kMax
+                                                   : ReducePlan::Kind::kSum;
   const ir::Value& in = graph.value(plan.input);
   int64_t rank = static_cast<int64_t>(in.shape.size());
   std::vector<int64_t> dims = node.has_attr("dim") ? node.ints_attr("dim") : std::vector<int64_t>{};
@@ -37,11 +40,40 @@ passes::ReducePlan plan_reduce(const ir::Graph& graph, const ir::Node& node) {
   plan.dims = dims;
   int64_t reduced = 1;
   for (int64_t d : dims) reduced *= in.shape[static_cast<size_t>(d)];
-  if (reduced == 0 && plan.kind == passes::ReducePlan::Kind::kMax)
+  if (reduced == 0 && plan.kind == ReducePlan::Kind::kMax)
     throw CompileError("node '" + node.name + "': amax over an empty dimension");
   if (graph.value(plan.out).numel() * reduced != in.numel())
     throw CompileError("node '" + node.name + "': output size does not match the reduction");
   return plan;
+}
+
+void ReducePlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_reduce");
+  ReduceKernel gen = generate_reduce_kernel(ctx.graph(), *this, k.function);
+  ctx.add_source(gen.source);
+  for (int d = 0; d < 3; ++d) {
+    k.grid[d] = gen.grid[d];
+    k.block[d] = gen.block[d];
+  }
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(input), LowerContext::int_arg(ctx.graph().value(out).numel())};
+}
+
+KILN_REGISTER_OPS(reduce) {
+  for (const char* name :
+       {"aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default"}) {
+    OpDef def;
+    def.name = name;
+    def.role = OpRole::kStep;
+    def.check = check_reduce;
+    def.plan = [](PlanContext& ctx, int node) {
+      const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+      std::string label = n.op.substr(5, n.op.find('.', 5) - 5);  // "aten.mean.dim" -> "mean"
+      ctx.emit(PlannedOp(label, plan_reduce(ctx.graph(), n)));
+    };
+    register_op(std::move(def));
+  }
 }
 
 }  // namespace kiln::ops

@@ -4,17 +4,17 @@
 
 #include <string>
 
-#include "compiler/compiler.h"
+#include "ops/op_query.h"
 #include "ir/graph.h"
-#include "passes/exec_plan.h"
+#include "ops/step_plan.h"
 
 namespace kiln::ops {
 
 bool is_reduce_op(const std::string& op);
 
 // Empty when the compiler takes the node, else why not.
-std::string check_reduce(const compiler::OpQuery& query);
+std::string check_reduce(const OpQuery& query);
 
-passes::ReducePlan plan_reduce(const ir::Graph& graph, const ir::Node& node);
+ReducePlan plan_reduce(const ir::Graph& graph, const ir::Node& node);
 
 }  // namespace kiln::ops

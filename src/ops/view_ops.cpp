@@ -1,13 +1,12 @@
 #include "ops/view_ops.h"
 
+#include "ops/op_registry.h"
+
 namespace kiln::ops {
 
 bool is_view_op(const std::string& op) {
-  return op == "aten.view_copy.default" || op == "aten._unsafe_view.default" ||
-         op == "aten.view.default" || op == "aten.reshape.default" ||
-         op == "aten.squeeze_copy.dims" || op == "aten.squeeze_copy.dim" ||
-         op == "aten.squeeze_copy.default" || op == "aten.unsqueeze_copy.default" ||
-         op == "aten.alias_copy.default" || op == "aten.flatten.using_ints";
+  const OpDef* def = find_op(op);
+  return def != nullptr && def->role == OpRole::kView;
 }
 
 bool is_constant_permute_op(const std::string& op) {
@@ -41,6 +40,26 @@ std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank) {
     std::swap(perm[static_cast<size_t>(a)], perm[static_cast<size_t>(b)]);
   }
   return perm;
+}
+
+KILN_REGISTER_OPS(views) {
+  for (const char* name : {"aten.view_copy.default", "aten._unsafe_view.default", "aten.view.default",
+                           "aten.reshape.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+                           "aten.squeeze_copy.default", "aten.unsqueeze_copy.default", "aten.alias_copy.default",
+                           "aten.flatten.using_ints"}) {
+    OpDef def;
+    def.name = name;
+    def.role = OpRole::kView;
+    def.check = [](const OpQuery& q) -> std::string {
+      if (q.inputs.size() != 1) return q.op + " needs exactly one tensor input";
+      if (q.outputs.size() != 1) return "ops with several outputs are not supported yet";
+      if (q.inputs[0].dtype != q.outputs[0].dtype) return "view changes dtype";
+      if (ir::numel_of(q.inputs[0].shape) != ir::numel_of(q.outputs[0].shape))
+        return "view changes the number of elements";
+      return "";
+    };
+    register_op(std::move(def));
+  }
 }
 
 }  // namespace kiln::ops

@@ -11,7 +11,7 @@
 
 namespace kiln::ops {
 
-// Pure reinterpretations: the output aliases the input's storage.
+// Pure reinterpretations (OpRole::kView): the output aliases the input's storage.
 bool is_view_op(const std::string& op);
 
 // Dimension reorders: folded at export on constants, a gather kernel otherwise.

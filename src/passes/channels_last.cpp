@@ -17,7 +17,7 @@
 #include <algorithm>
 
 #include "ops/conv_ops.h"
-#include "ops/pointwise_ops.h"
+#include "ops/op_registry.h"
 #include "ops/pool_ops.h"
 #include "ops/reduce_ops.h"
 #include "passes/graph_rewriter.h"
@@ -151,8 +151,8 @@ class ChannelsLast {
   }
 
   bool try_pointwise(const ir::Node& node) {
-    const ops::PointwiseOp* p = ops::find_pointwise_op(node.op);
-    if (!p || node.outputs.size() != 1) return false;
+    const ops::OpDef* p = ops::find_op(node.op);
+    if (!p || p->role != ops::OpRole::kElementwise || node.outputs.size() != 1) return false;
     const ir::Value& y = old(node.outputs[0]);
     if (y.shape.size() != 4) return false;
     bool any_nhwc = false;

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "compiler/compiler.h"
 #include "ir/graph.h"
+#include "ops/op_options.h"
 #include "passes/exec_plan.h"
 
 namespace kiln::passes {
@@ -40,7 +40,13 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute);
 // Groups the nodes into launches: matrix products (with bias/relu epilogues
 // folded in) and fused elementwise kernels. Adds transposed weight constants
 // to `graph` where that avoids a transpose at run time.
-ExecPlan fuse(ir::Graph& graph);
+ExecPlan fuse(ir::Graph& graph, const ops::OpOptions& options = {});
+
+// After fuse() when OpOptions::depthwise_kernels: depthwise conv steps
+// (groups == c == k, no residual) become generated kernels, taking over the
+// elementwise kernel that is the conv value's only reader as their epilogue.
+// Adds [r,s,c] weight constants (depthwise_kernels.cpp).
+void plan_depthwise_kernels(ir::Graph& graph, ExecPlan& plan);
 
 // After fuse(): a column reduction (reduced dims adjacent, >= 16 elements
 // inside them) that would launch too few blocks is split into partial

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen/reduce_codegen.h"
+#include "ops/reduce_kernel.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
@@ -45,17 +45,17 @@ void split_reductions(ir::Graph& graph, ExecPlan& plan) {
   ops.reserve(plan.ops.size());
   for (PlannedOp& op : plan.ops) {
     int64_t outer = 0, rows = 0, inner = 0;
-    if (op.kind != PlannedOp::Kind::kReduce) {
+    if (!op.is<ReducePlan>()) {
       ops.push_back(std::move(op));
       continue;
     }
-    const ReducePlan r = op.reduce;
+    const ReducePlan r = *op.as<ReducePlan>();
     // Copies: add_node below may move the graph's values.
     const std::vector<int64_t> in_shape = graph.value(r.input).shape;
     const engine::DType in_dtype = graph.value(r.input).dtype;
     const std::string name = graph.value(r.out).name;
-    const bool column = codegen::reduce_column_shape(in_shape, r.dims, outer, rows, inner);
-    const int64_t blocks = column ? codegen::reduce_column_blocks(outer, inner) : 0;
+    const bool column = ops::reduce_column_shape(in_shape, r.dims, outer, rows, inner);
+    const int64_t blocks = column ? ops::reduce_column_blocks(outer, inner) : 0;
     const int64_t chunks = column && blocks < kTargetBlocks && rows >= kMinRowsToSplit ? chunk_count(rows, blocks, outer) : 1;
     if (chunks == 1) {
       ops.push_back(std::move(op));
@@ -72,14 +72,14 @@ void split_reductions(ir::Graph& graph, ExecPlan& plan) {
                                       {{engine::DType::kFloat32, {outer, chunks, inner}}});
     const int partial = graph.nodes()[static_cast<size_t>(partial_node)].outputs[0];
 
-    PlannedOp first = op;
-    first.label = op.label + "(" + std::to_string(chunks) + " chunks)";
-    first.reduce = ReducePlan{r.kind, view, partial, {2}};
-    PlannedOp second = op;
-    second.label = op.label + "(of chunks)";
-    second.reduce = ReducePlan{r.kind, partial, r.out, {1}};
-    ops.push_back(std::move(first));
-    ops.push_back(std::move(second));
+    ReducePlan first = r, second = r;
+    first.input = view;
+    first.out = partial;
+    first.dims = {2};
+    second.input = partial;
+    second.dims = {1};
+    ops.emplace_back(op.label + "(" + std::to_string(chunks) + " chunks)", std::move(first));
+    ops.emplace_back(op.label + "(of chunks)", std::move(second));
   }
   plan.ops = std::move(ops);
 }

@@ -206,7 +206,8 @@ TEST_F(ConvCompiler, ChannelsLastKeepsOperandOrderOfScalarOps) {
 }
 
 // A stride-2 1x1 conv (resnet's downsample) becomes a gather of every other
-// pixel plus the 1x1 GEMM; KILN_CONV_GEMM=unstrided or 0 keeps it on cuDNN.
+// pixel plus the 1x1 GEMM; the conv_gemm option "unstrided" or "none" keeps
+// it on cuDNN, and the engine records the choice.
 TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemm) {
   auto build = [&] {
     ir::Graph g;
@@ -216,13 +217,15 @@ TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemm) {
     g.set_outputs({y});
     return g;
   };
-  for (const char* off : {"unstrided", "0"}) {
-    setenv("KILN_CONV_GEMM", off, 1);
-    engine::EngineDesc plain = compiler::compile_to_desc(build(), {});
-    EXPECT_EQ(count_kind(plain, engine::StepKind::kConv), 1u) << "KILN_CONV_GEMM=" << off;
+  for (auto mode : {ops::OpOptions::ConvGemm::kUnstrided, ops::OpOptions::ConvGemm::kNone}) {
+    compiler::CompileOptions options;
+    options.op_options.conv_gemm = mode;
+    engine::EngineDesc plain = compiler::compile_to_desc(build(), options);
+    EXPECT_EQ(count_kind(plain, engine::StepKind::kConv), 1u) << "conv_gemm=" << ops::conv_gemm_name(mode);
+    ASSERT_NE(plain.find_metadata("conv_gemm"), nullptr);
+    EXPECT_EQ(*plain.find_metadata("conv_gemm"), ops::conv_gemm_name(mode));
   }
 
-  unsetenv("KILN_CONV_GEMM");
   ir::Graph g = build();
   ir::Graph nhwc = passes::to_channels_last(g);
   passes::ExecPlan plan = passes::fuse(nhwc);
@@ -233,22 +236,25 @@ TEST_F(ConvCompiler, StridedOneByOneConvIsAGatherAndAGemm) {
   const passes::PlannedOp* gemm = nullptr;
   for (const auto& op : plan.ops) {
     if (op.label == "strided_gather") gather = &op;
-    if (op.kind == passes::PlannedOp::Kind::kGemm) gemm = &op;
+    if (op.is<passes::GemmPlan>()) gemm = &op;
   }
   ASSERT_NE(gather, nullptr);
   ASSERT_NE(gemm, nullptr);
-  EXPECT_EQ(gemm->gemm.m, 2 * 4 * 3);
-  EXPECT_EQ(gemm->gemm.k, 4);
-  EXPECT_EQ(gemm->gemm.n, 5);
-  EXPECT_EQ(gemm->gemm.a, gather->pointwise.out) << "the GEMM reads the gathered rows";
+  EXPECT_EQ(*d.find_metadata("conv_gemm"), "all");
+  const passes::GemmPlan& gp = *gemm->as<passes::GemmPlan>();
+  const passes::PointwisePlan& gather_plan = *gather->as<passes::PointwisePlan>();
+  EXPECT_EQ(gp.m, 2 * 4 * 3);
+  EXPECT_EQ(gp.k, 4);
+  EXPECT_EQ(gp.n, 5);
+  EXPECT_EQ(gp.a, gather_plan.out) << "the GEMM reads the gathered rows";
   // Every gathered element comes from x_nhwc[n, 2i, 2j, c].
-  const std::vector<int64_t>& coef = gather->pointwise.input_map.coef;
+  const std::vector<int64_t>& coef = gather_plan.input_map.coef;
   ASSERT_EQ(coef.size(), 4u);
   for (int64_t n = 0; n < 2; ++n)
     for (int64_t i = 0; i < 4; ++i)
       for (int64_t j = 0; j < 3; ++j)
         for (int64_t c = 0; c < 4; ++c) {
-          const int64_t got = gather->pointwise.input_map.base + n * coef[0] + i * coef[1] + j * coef[2] + c * coef[3];
+          const int64_t got = gather_plan.input_map.base + n * coef[0] + i * coef[1] + j * coef[2] + c * coef[3];
           ASSERT_EQ(got, ((n * 8 + 2 * i) * 6 + 2 * j) * 4 + c) << n << "," << i << "," << j << "," << c;
         }
 }

@@ -17,12 +17,11 @@
 #include <random>
 #include <sstream>
 
-#include "codegen/depthwise_codegen.h"
-#include "codegen/pointwise_codegen.h"
+#include "ops/depthwise_kernel.h"
+#include "ops/elementwise_kernel.h"
 #include "compiler/compiler.h"
 #include "compiler_test_util.h"
 #include "passes/dtype_convert.h"
-#include "passes/fuse_conv.h"
 #include "passes/passes.h"
 
 #ifndef KILN_HOST_CXX
@@ -171,7 +170,7 @@ void* build_host_module(const std::string& source, const std::string& tag) {
 
 // The prelude without its PTX-asm functions (the shim defines those).
 std::string host_prelude() {
-  std::istringstream in(codegen::pointwise_prelude());
+  std::istringstream in(ops::pointwise_prelude());
   std::string line, block, out;
   int depth = 0;
   while (std::getline(in, line)) {
@@ -195,7 +194,6 @@ class DepthwiseKernel : public ::testing::Test {
     seed_ = std::random_device{}();
     rng_.seed(seed_);
   }
-  void TearDown() override { unsetenv("KILN_DEPTHWISE_KERNEL"); }
 
   // Plans `k` with the depthwise pass, runs the generated kernel on the CPU
   // (its own grid, one small block, and misaligned to force the scalar path)
@@ -215,16 +213,16 @@ class DepthwiseKernel : public ::testing::Test {
     passes::plan_depthwise_kernels(g, plan);
     const passes::PlannedOp* dw = nullptr;
     for (const auto& op : plan.ops) {
-      EXPECT_NE(op.kind, passes::PlannedOp::Kind::kConv) << op.label;
-      if (op.kind == passes::PlannedOp::Kind::kDepthwise) dw = &op;
+      EXPECT_FALSE(op.is<passes::ConvPlan>()) << op.label;
+      if (op.is<passes::DepthwisePlan>()) dw = &op;
     }
     ASSERT_NE(dw, nullptr);
-    const passes::DepthwisePlan& d = dw->depthwise;
+    const passes::DepthwisePlan& d = *dw->as<passes::DepthwisePlan>();
     const size_t expect_nodes = k.epi == Epi::kSilu ? 2 : k.epi == Epi::kHardswish ? 4 : 0;
     EXPECT_EQ(d.epilogue.nodes.size(), expect_nodes) << dw->label;
     EXPECT_EQ(d.conv.relu, k.epi == Epi::kRelu);
 
-    codegen::DepthwiseKernel gen = codegen::generate_depthwise_kernel(g, d, "kiln_dw_test");
+    ops::DepthwiseKernel gen = ops::generate_depthwise_kernel(g, d, "kiln_dw_test");
     std::string src = host_prelude() + gen.source +
                       "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
                       "  kiln_shim_launch(&kiln_dw_test, args, grid, block);\n}\n";
@@ -380,16 +378,18 @@ ir::Graph efficientnet_like(std::mt19937& rng) {
 
 TEST_F(DepthwiseKernel, ConvAndSiluAreOneKernelStepUnlessSwitchedOff) {
   ir::Graph g = efficientnet_like(rng_);
-  setenv("KILN_DEPTHWISE_KERNEL", "0", 1);
-  engine::EngineDesc off = compiler::compile_to_desc(g, {});
-  setenv("KILN_DEPTHWISE_KERNEL", "1", 1);
-  engine::EngineDesc one = compiler::compile_to_desc(g, {});
-  unsetenv("KILN_DEPTHWISE_KERNEL");
+  compiler::CompileOptions off_options, on_options;
+  off_options.op_options.depthwise_kernels = false;
+  on_options.op_options.depthwise_kernels = true;
+  engine::EngineDesc off = compiler::compile_to_desc(g, off_options);
+  engine::EngineDesc one = compiler::compile_to_desc(g, on_options);
   engine::EngineDesc on = compiler::compile_to_desc(g, {});  // NVRTC compiles the generated module
 
-  // On is the default (unset or 1).
+  // On is the default, and the engine records the choice.
   ASSERT_EQ(on.steps.size(), one.steps.size());
   for (size_t i = 0; i < on.steps.size(); ++i) EXPECT_EQ(on.steps[i].label, one.steps[i].label);
+  EXPECT_EQ(*on.find_metadata("depthwise_kernels"), "true");
+  EXPECT_EQ(*off.find_metadata("depthwise_kernels"), "false");
   // Off (0): cuDNN conv+bias, then the SiLU chain as its own kernel.
   EXPECT_EQ(count_kind(off, engine::StepKind::kConv), 1u);
   size_t silu_kernels = 0;
@@ -421,7 +421,6 @@ TEST_F(DepthwiseKernel, ConvAndSiluAreOneKernelStepUnlessSwitchedOff) {
 // separate (the conv value must be stored); grouped non-depthwise convs stay
 // on cuDNN.
 TEST_F(DepthwiseKernel, SharedValuesAndGroupedConvsAreLeftAlone) {
-  setenv("KILN_DEPTHWISE_KERNEL", "1", 1);
   ir::Graph g;
   const std::vector<int64_t> ys = {1, 8, 6, 6};
   int x = g.add_input("x", DType::kFloat32, ys);

@@ -1,11 +1,17 @@
-#include "codegen/pointwise_codegen.h"
+#include "ops/elementwise_kernel.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
-#include "ops/pointwise_ops.h"
+#include "ops/op_registry.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
+using codegen::affine_offset;
+using codegen::load_expr;
+using codegen::storage_type;
+using codegen::store_expr;
+
 namespace {
 
 // Offset into an input of shape `in` broadcast to `out` (right-aligned), for
@@ -77,8 +83,8 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
     const ir::Node& node = graph.nodes().at(static_cast<size_t>(nodes[t]));
     // A pass that rebuilt this node with extra operands would otherwise
     // compute a silently wrong expression (the mobilenet div/6 bug).
-    if (const ops::PointwiseOp* op = ops::find_pointwise_op(node.op);
-        op && static_cast<int>(node.inputs.size()) != op->tensor_inputs)
+    if (const OpDef* op = find_op(node.op);
+        op && op->role == OpRole::kElementwise && static_cast<int>(node.inputs.size()) != op->tensor_inputs)
       throw CompileError("internal: node '" + node.name + "' (" + node.op + ") has " +
                          std::to_string(node.inputs.size()) + " tensor inputs, expected " +
                          std::to_string(op->tensor_inputs));
@@ -91,7 +97,7 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
       operands.push_back(it->second);
     }
     const std::string var = "t" + std::to_string(t) + suffix;
-    out << indent << "const float " << var << " = " << ops::pointwise_expression(node, operands) << ";  // "
+    out << indent << "const float " << var << " = " << elementwise_expression(node, operands) << ";  // "
         << node.name << "\n";
     name_of[node.outputs.at(0)] = var;
     last = var;
@@ -99,7 +105,7 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
   return last;
 }
 
-std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::PointwisePlan& plan,
+std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePlan& plan,
                                       const std::string& name) {
   const ir::Value& out = graph.value(plan.out);
   const std::vector<int64_t>& iter = plan.iter_shape.empty() ? out.shape : plan.iter_shape;
@@ -130,4 +136,21 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::Poin
   return src.str();
 }
 
-}  // namespace kiln::codegen
+
+
+void PointwisePlan::lower(LowerContext& ctx, engine::Step& step) const {
+  const ir::Graph& graph = ctx.graph();
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_pw");
+  ctx.add_source(generate_pointwise_kernel(graph, *this, k.function));
+  const int64_t n = iter_shape.empty() ? graph.value(out).numel() : ir::numel_of(iter_shape);
+  const int64_t blocks = std::max<int64_t>(1, (n + kPointwiseBlock - 1) / kPointwiseBlock);
+  k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(blocks, 65536));
+  k.block[0] = kPointwiseBlock;
+  k.args.push_back(ctx.tensor_arg(out));
+  for (int in : inputs) k.args.push_back(ctx.tensor_arg(in));
+  k.args.push_back(LowerContext::int_arg(n));
+}
+
+}  // namespace kiln::ops

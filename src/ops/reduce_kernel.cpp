@@ -1,11 +1,15 @@
-#include "codegen/reduce_codegen.h"
+#include "ops/reduce_kernel.h"
 
 #include <algorithm>
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
+using codegen::affine_offset;
+using codegen::load_expr;
+using codegen::storage_type;
+using codegen::store_expr;
 namespace {
 
 // Offset of element `var` of the row-major `shape` in a tensor where those
@@ -45,17 +49,17 @@ bool reduce_column_shape(const std::vector<int64_t>& shape, const std::vector<in
   return inner >= 16 && outer <= 65535 && reduced > 0;
 }
 
-ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name) {
+ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const ReducePlan& plan, const std::string& name) {
   const ir::Value& in = graph.value(plan.input);
   const ir::Value& out = graph.value(plan.out);
   ReduceKernel kernel;
   int64_t outer = 0, red = 0, inner = 0;
   if (reduce_column_shape(in.shape, plan.dims, outer, red, inner)) {
     std::string init = "0.0f", combine = "acc + v", finish = "acc";
-    if (plan.kind == passes::ReducePlan::Kind::kMax) {
+    if (plan.kind == ReducePlan::Kind::kMax) {
       init = "-__int_as_float(0x7f800000)";
       combine = "kiln_maximum(acc, v)";
-    } else if (plan.kind == passes::ReducePlan::Kind::kMean) {
+    } else if (plan.kind == ReducePlan::Kind::kMean) {
       finish = "acc / " + std::to_string(red) + ".0f";
     }
     std::ostringstream src;
@@ -103,10 +107,10 @@ ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::Reduce
   int64_t reduced = ir::numel_of(red_shape);
 
   std::string init = "0.0f", combine = "acc + v", finish = "acc";
-  if (plan.kind == passes::ReducePlan::Kind::kMax) {
+  if (plan.kind == ReducePlan::Kind::kMax) {
     init = "-__int_as_float(0x7f800000)";
     combine = "kiln_maximum(acc, v)";
-  } else if (plan.kind == passes::ReducePlan::Kind::kMean) {
+  } else if (plan.kind == ReducePlan::Kind::kMean) {
     finish = "acc / " + std::to_string(reduced) + ".0f";
   }
   std::ostringstream src;
@@ -138,4 +142,4 @@ ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::Reduce
   return kernel;
 }
 
-}  // namespace kiln::codegen
+}  // namespace kiln::ops

@@ -1,14 +1,18 @@
-#include "codegen/depthwise_codegen.h"
+#include "ops/depthwise_kernel.h"
 
 #include <algorithm>
 #include <map>
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
-#include "codegen/pointwise_codegen.h"
-#include "ops/pointwise_ops.h"
+#include "ops/elementwise_kernel.h"
+#include "ops/op_registry.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
+using codegen::affine_offset;
+using codegen::load_expr;
+using codegen::storage_type;
+using codegen::store_expr;
 namespace {
 
 enum class OperandKind { kScalar, kChannel, kFull };
@@ -35,9 +39,9 @@ bool depthwise_epilogue_operand_ok(const std::vector<int64_t>& operand, const st
   return operand.back() == out.back() && ir::numel_of(operand) == out.back();
 }
 
-DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::DepthwisePlan& plan,
+DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const DepthwisePlan& plan,
                                           const std::string& name) {
-  const passes::ConvPlan& cv = plan.conv;
+  const ConvPlan& cv = plan.conv;
   const ir::Value& x = graph.value(cv.x);
   const ir::Value& wt = graph.value(plan.weight);
   const ir::Value& y = graph.value(cv.out);
@@ -187,4 +191,23 @@ DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::
   return k;
 }
 
-}  // namespace kiln::codegen
+std::vector<int> DepthwisePlan::reads() const {
+  std::vector<int> r = {conv.x, weight};
+  if (conv.bias >= 0) r.push_back(conv.bias);
+  r.insert(r.end(), epilogue.inputs.begin(), epilogue.inputs.end());
+  return r;
+}
+
+void DepthwisePlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_dw");
+  DepthwiseKernel gen = generate_depthwise_kernel(ctx.graph(), *this, k.function);
+  ctx.add_source(gen.source);
+  k.grid[0] = gen.grid;
+  k.block[0] = gen.block;
+  for (int v : gen.tensor_args) k.args.push_back(ctx.tensor_arg(v));
+  k.args.push_back(LowerContext::int_arg(gen.n));
+}
+
+}  // namespace kiln::ops

@@ -7,14 +7,14 @@
 #include <string>
 
 #include "ir/graph.h"
-#include "passes/exec_plan.h"
+#include "ops/step_plan.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
 
 constexpr unsigned kPoolBlock = 256;
 
 // Kernel `name` with parameters (out, in, long long n_out); a grid-stride
 // loop over the output elements.
-std::string generate_pool_kernel(const ir::Graph& graph, const passes::PoolPlan& plan, const std::string& name);
+std::string generate_pool_kernel(const ir::Graph& graph, const PoolPlan& plan, const std::string& name);
 
-}  // namespace kiln::codegen
+}  // namespace kiln::ops

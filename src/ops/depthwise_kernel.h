@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "passes/exec_plan.h"
+#include "ops/step_plan.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
 
 constexpr unsigned kDepthwiseBlock = 256;
 constexpr int64_t kDepthwiseMaxVector = 4;  // channels per thread (4 floats = 16 B, 4 halves = 8 B)
@@ -35,7 +35,7 @@ struct DepthwiseKernel {
 bool depthwise_epilogue_operand_ok(const std::vector<int64_t>& operand, const std::vector<int64_t>& out);
 
 // Kernel `name`; throws CompileError for plans it cannot generate.
-DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const passes::DepthwisePlan& plan,
+DepthwiseKernel generate_depthwise_kernel(const ir::Graph& graph, const DepthwisePlan& plan,
                                           const std::string& name);
 
-}  // namespace kiln::codegen
+}  // namespace kiln::ops

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "ir/graph.h"
-#include "passes/exec_plan.h"
+#include "ops/step_plan.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
 
 constexpr unsigned kReduceBlock = 256;  // 8 warps: 8 output elements per block
 constexpr unsigned kReduceOutputsPerBlock = kReduceBlock / 32;
@@ -34,6 +34,6 @@ bool reduce_column_shape(const std::vector<int64_t>& shape, const std::vector<in
 inline int64_t reduce_column_blocks(int64_t outer, int64_t inner) { return (inner + 31) / 32 * outer; }
 
 // Kernel `name` with parameters (out, in, long long n_out).
-ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const passes::ReducePlan& plan, const std::string& name);
+ReduceKernel generate_reduce_kernel(const ir::Graph& graph, const ReducePlan& plan, const std::string& name);
 
-}  // namespace kiln::codegen
+}  // namespace kiln::ops

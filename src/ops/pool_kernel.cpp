@@ -1,13 +1,17 @@
-#include "codegen/pool_codegen.h"
+#include "ops/pool_kernel.h"
 
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
+using codegen::affine_offset;
+using codegen::load_expr;
+using codegen::storage_type;
+using codegen::store_expr;
 
-std::string generate_pool_kernel(const ir::Graph& graph, const passes::PoolPlan& plan, const std::string& name) {
-  using Kind = passes::PoolPlan::Kind;
+std::string generate_pool_kernel(const ir::Graph& graph, const PoolPlan& plan, const std::string& name) {
+  using Kind = PoolPlan::Kind;
   const ir::Value& in = graph.value(plan.input);
   const ir::Value& out = graph.value(plan.out);
   const int64_t H = in.shape.at(1), W = in.shape.at(2), C = in.shape.at(3);
@@ -75,4 +79,4 @@ std::string generate_pool_kernel(const ir::Graph& graph, const passes::PoolPlan&
   return s.str();
 }
 
-}  // namespace kiln::codegen
+}  // namespace kiln::ops

@@ -1,4 +1,5 @@
-// Generates the CUDA source of one fused elementwise kernel. Shapes are baked
+// The generated elementwise kernel (PointwisePlan): the CUDA source of one
+// fused elementwise or layout kernel. Shapes are baked
 // in as constants, so broadcast indexing divides by compile-time numbers.
 // Loads convert any float dtype to float, math runs in float, the store
 // converts to the output dtype.
@@ -10,9 +11,9 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "passes/exec_plan.h"
+#include "ops/step_plan.h"
 
-namespace kiln::codegen {
+namespace kiln::ops {
 
 constexpr unsigned kPointwiseBlock = 256;
 
@@ -28,7 +29,7 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
                                    const std::string& indent, const std::string& where, std::ostream& out);
 
 // Kernel `name` with parameters (out, inputs..., long long n), in that order.
-std::string generate_pointwise_kernel(const ir::Graph& graph, const passes::PointwisePlan& plan,
+std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePlan& plan,
                                       const std::string& name);
 
-}  // namespace kiln::codegen
+}  // namespace kiln::ops

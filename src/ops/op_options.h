@@ -1,0 +1,23 @@
+// Compile options that change how ops are planned. Each one is a
+// kiln.compile option, recorded in the engine's metadata (compiler.cpp) and
+// shown by `kiln inspect`; nothing here is read from the environment.
+#pragma once
+
+#include <string>
+
+namespace kiln::ops {
+
+struct OpOptions {
+  // 1x1 convolutions as cuBLASLt GEMMs: "all" (strided ones through a gather
+  // kernel), "unstrided" (stride 1 only) or "none" (every conv on cuDNN).
+  enum class ConvGemm { kAll, kUnstrided, kNone } conv_gemm = ConvGemm::kAll;
+  // Depthwise convolutions as generated NHWC kernels with the elementwise
+  // chain after them fused in; false keeps them on cuDNN.
+  bool depthwise_kernels = true;
+};
+
+const char* conv_gemm_name(OpOptions::ConvGemm mode);  // "all", "unstrided", "none"
+// Throws CompileError for an unknown name.
+OpOptions::ConvGemm parse_conv_gemm(const std::string& name);
+
+}  // namespace kiln::ops

@@ -1,0 +1,77 @@
+// The op registry: one OpDef per op name, registered by the file that
+// implements the op (its capability check, its role in fusion, its
+// elementwise expression or its planning; the plan lowers itself, see
+// step_plan.h). The capability query (compiler/op_support.cpp), the Python
+// partitioner (through supported_ops/check_support), the passes and the
+// lowering all find ops here, so there is no second list to drift.
+//
+// Registration: each op file defines `KILN_REGISTER_OPS(family) { ... }`;
+// the kiln_ops library is linked whole-archive (src/ops/CMakeLists.txt) so
+// these static registrations are never dropped by the linker.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ops/op_query.h"
+#include "ops/step_plan.h"
+
+namespace kiln::ops {
+
+enum class OpRole {
+  kElementwise,  // joins generated elementwise kernels: needs `expression`
+  kView,         // reinterprets its input's storage: no launch
+  kStep,         // plans its own step(s): needs `plan`
+  kRewritten,    // replaced by an earlier pass (e.g. batch norm folding,
+                 // channels-last conv); never reaches fusion
+};
+
+using CheckFn = std::function<std::string(const OpQuery&)>;  // "" when taken, else why not
+using ExpressionFn = std::function<std::string(const ir::Node&, const std::vector<std::string>&)>;
+using PlanFn = std::function<void(PlanContext&, int node)>;
+
+struct OpDef {
+  std::string name;  // edge-dialect name, e.g. "aten.addmm.default"; "kiln.*" are internal
+  OpRole role = OpRole::kStep;
+  // Op-specific capability check, after the generic one (float tensors of
+  // static shape, see compiler/op_support.cpp). May be empty.
+  CheckFn check;
+  // kElementwise: the number of tensor inputs and the CUDA float expression
+  // of the node from its operand expressions.
+  int tensor_inputs = 1;
+  ExpressionFn expression;
+  // kStep: plans the node (and whatever later nodes it absorbs).
+  PlanFn plan;
+  // Multi-output ops of which Kiln computes output 0 only: why it cannot
+  // take the node when a later output is used (the partitioner checks).
+  std::string first_output_only;
+  // A constant input of a non-float dtype is accepted (folded at export).
+  bool folds_constant_inputs = false;
+
+  bool internal() const { return name.rfind("kiln.", 0) == 0; }
+};
+
+// nullptr when no op of that name is registered.
+const OpDef* find_op(const std::string& name);
+// Every registered op, sorted by name.
+std::vector<const OpDef*> all_ops();
+// Registers `def`; throws std::logic_error on a duplicate name (a bug).
+void register_op(OpDef def);
+
+// The elementwise expression of `node` (its op must be kElementwise);
+// throws CompileError otherwise.
+std::string elementwise_expression(const ir::Node& node, const std::vector<std::string>& operands);
+
+struct OpRegistrar {
+  explicit OpRegistrar(void (*fn)()) { fn(); }
+};
+
+}  // namespace kiln::ops
+
+#define KILN_REGISTER_OPS(family)                                          \
+  static void kiln_register_ops_##family();                                \
+  static const ::kiln::ops::OpRegistrar kiln_ops_registrar_##family{       \
+      &kiln_register_ops_##family};                                        \
+  static void kiln_register_ops_##family()

@@ -1,0 +1,213 @@
+// The launch plan the ops produce: each engine step an op plans is a
+// StepPlan (what it reads and writes, and how it lowers itself to an
+// engine::Step), wrapped in a PlannedOp with its label. Op planning sees the
+// fusion pass through PlanContext; lowering sees the compiler through
+// LowerContext. Both are interfaces so ops depend on neither passes/ nor
+// compiler/ (layering: ir <- codegen <- ops <- passes <- compiler).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codegen/cuda_dtype.h"
+#include "engine_format/engine_desc.h"
+#include "ir/graph.h"
+#include "ops/op_options.h"
+
+namespace kiln::ops {
+
+// What lowering needs from the compiler.
+class LowerContext {
+ public:
+  virtual ~LowerContext() = default;
+  virtual const ir::Graph& graph() const = 0;
+  // The engine tensor holding `value`'s storage (views resolve to their
+  // root). Throws CompileError when the value has none.
+  virtual uint32_t tensor(int value) const = 0;
+  // A fresh kernel function name "<prefix>_<k>" in the engine's one module.
+  virtual std::string kernel_name(const std::string& prefix) = 0;
+  // Appends CUDA source to the module (after the shared prelude).
+  virtual void add_source(const std::string& source) = 0;
+
+  engine::KernelArg tensor_arg(int value) const;
+  static engine::KernelArg int_arg(int64_t v);
+};
+
+// One engine step an op planned. Value ids refer to the graph.
+class StepPlan {
+ public:
+  virtual ~StepPlan() = default;
+  virtual std::vector<int> reads() const = 0;
+  virtual int writes() const = 0;
+  // Fills `step` (kind and payload; the label is set by the caller).
+  virtual void lower(LowerContext& ctx, engine::Step& step) const = 0;
+  virtual std::unique_ptr<StepPlan> clone() const = 0;
+};
+
+template <class Derived>
+class StepPlanBase : public StepPlan {
+ public:
+  std::unique_ptr<StepPlan> clone() const override {
+    return std::make_unique<Derived>(static_cast<const Derived&>(*this));
+  }
+};
+
+using codegen::AffineMap;  // codegen/cuda_dtype.h
+
+// out = epilogue(alpha * a @ B + beta * c), B = b or b^T (b_transposed).
+// Lowered to a cuBLASLt step (gemm_ops.cpp).
+struct GemmPlan : StepPlanBase<GemmPlan> {
+  int a = -1, b = -1, bias = -1, c = -1, out = -1;
+  bool b_transposed = false;
+  engine::GemmEpilogue epilogue = engine::GemmEpilogue::kNone;
+  float alpha = 1.0f, beta = 0.0f;
+  int64_t m = 0, n = 0, k = 0;
+  // Batched products (bmm): `batch` matrices, each operand's i-th matrix
+  // stride_* elements after the previous one (0 broadcasts it).
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_out = 0;
+
+  std::vector<int> reads() const override;
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// A channels-last 2-D convolution through cuDNN (conv_ops.cpp):
+// out = act(conv(x, w) + bias + z), x [n,h,w,c], w [k,r,s,c/groups].
+struct ConvPlan : StepPlanBase<ConvPlan> {
+  int x = -1, w = -1, bias = -1, z = -1, out = -1;
+  int64_t pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1, groups = 1;
+  bool relu = false;
+
+  std::vector<int> reads() const override;
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// A channels-last pooling window op ([n,h,w,c] -> [n,p,q,c]), one generated
+// kernel (pool_ops.cpp, pool_kernel.cpp).
+struct PoolPlan : StepPlanBase<PoolPlan> {
+  enum class Kind { kMax, kAvg, kAdaptiveAvg } kind = Kind::kMax;
+  int input = -1, out = -1;
+  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool count_include_pad = true;
+  int64_t divisor_override = 0;  // 0: none
+
+  std::vector<int> reads() const override { return {input}; }
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// One generated elementwise kernel (elementwise_kernel.cpp): `nodes`
+// (elementwise, topological order) computed per output element; `inputs`
+// are the values read from memory (broadcast to the output's shape). No
+// nodes means a plain copy of inputs[0] into `out`.
+struct PointwisePlan : StepPlanBase<PointwisePlan> {
+  std::vector<int> nodes;
+  std::vector<int> inputs;
+  int out = -1;
+  // Layout kernels (no nodes, one input): iterate over `iter_shape` (empty:
+  // the output's shape), read inputs[0] through `input_map` and write `out`
+  // through `output_map`; an empty coef means contiguous over the iteration.
+  std::vector<int64_t> iter_shape;
+  AffineMap input_map;
+  AffineMap output_map;
+
+  std::vector<int> reads() const override { return inputs; }
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// A reduction over `dims` of `input` (sum, mean or amax), one generated
+// kernel accumulating in float (reduce_ops.cpp, reduce_kernel.cpp).
+struct ReducePlan : StepPlanBase<ReducePlan> {
+  enum class Kind { kSum, kMean, kMax } kind = Kind::kSum;
+  int input = -1;
+  int out = -1;
+  std::vector<int64_t> dims;  // normalized, ascending
+
+  std::vector<int> reads() const override { return {input}; }
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// A depthwise convolution (groups == c == k) as one generated kernel
+// (depthwise_kernel.cpp): conv.x [n,h,w,c], `weight` the OHWI weight
+// permuted to [r,s,c], conv.bias/relu as in ConvPlan (conv.z unused);
+// conv.out is the conv's value, never stored: the elementwise chain
+// `epilogue` (nodes, its other `inputs`, scalars/per-channel/full-shape) is
+// computed on it per element and writes `out` (conv.out when empty).
+struct DepthwisePlan : StepPlanBase<DepthwisePlan> {
+  ConvPlan conv;
+  int weight = -1;
+  PointwisePlan epilogue;
+  int out = -1;
+
+  std::vector<int> reads() const override;
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// A planned step with its label (the op group, e.g. "addmm+relu"). Copies
+// deep-copy the plan, so passes may edit a copy freely.
+struct PlannedOp {
+  std::string label;
+  std::unique_ptr<StepPlan> plan;
+
+  PlannedOp() = default;
+  PlannedOp(std::string label_in, std::unique_ptr<StepPlan> plan_in)
+      : label(std::move(label_in)), plan(std::move(plan_in)) {}
+  template <class T>
+  PlannedOp(std::string label_in, T p) : label(std::move(label_in)), plan(std::make_unique<T>(std::move(p))) {}
+  PlannedOp(const PlannedOp& other) : label(other.label), plan(other.plan ? other.plan->clone() : nullptr) {}
+  PlannedOp& operator=(const PlannedOp& other) {
+    if (this != &other) {
+      label = other.label;
+      plan = other.plan ? other.plan->clone() : nullptr;
+    }
+    return *this;
+  }
+  PlannedOp(PlannedOp&&) = default;
+  PlannedOp& operator=(PlannedOp&&) = default;
+
+  template <class T>
+  T* as() { return dynamic_cast<T*>(plan.get()); }
+  template <class T>
+  const T* as() const { return dynamic_cast<const T*>(plan.get()); }
+  template <class T>
+  bool is() const { return as<T>() != nullptr; }
+
+  std::vector<int> reads() const { return plan->reads(); }
+  int writes() const { return plan->writes(); }
+};
+
+// What an op's planning sees of the fusion pass (passes/fuse.cpp).
+class PlanContext {
+ public:
+  virtual ~PlanContext() = default;
+  virtual ir::Graph& graph() = 0;
+  virtual const OpOptions& options() const = 0;
+  // Nodes (indices) reading `value`; graph outputs are marked separately.
+  virtual const std::vector<int>& consumers(int value) const = 0;
+  virtual bool is_output(int value) const = 0;
+  virtual bool absorbed(int node) const = 0;
+  // Marks a later node as computed by a step this op planned.
+  virtual void absorb(int node) = 0;
+  // Appends a step at the current position.
+  virtual void emit(PlannedOp op) = 0;
+  // Appends a step when the walk reaches `node` (an absorbed node whose
+  // operands all exist there), e.g. a conv that absorbed a later residual add.
+  virtual void emit_at(int node, PlannedOp op) = 0;
+  // `value` reinterprets `source`'s storage (a view).
+  virtual void alias(int value, int source) = 0;
+
+  // The only consumer of `value` when it has exactly one, is not a graph
+  // output and that consumer is not absorbed yet; -1 otherwise.
+  int sole_consumer(int value) const;
+};
+
+}  // namespace kiln::ops
