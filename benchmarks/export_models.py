@@ -74,7 +74,8 @@ def device_resident_config():
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, alloc_graph_output=False))
 
 
-def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bool) -> dict:
+def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bool,
+               compile_options: dict | None = None) -> dict:
     import kiln
 
     name = entry_name(model_name, dtype, batch)
@@ -83,7 +84,9 @@ def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bo
     checksum = vision_models.checksum(model)
     start = time.perf_counter()
     exported = torch.export.export(model, inputs)
-    compiled = kiln.compile(exported, arg_inputs=inputs, enabled_precisions={torch_dtype}, min_block_size=1)
+    compile_options = dict(compile_options or {})
+    compiled = kiln.compile(exported, arg_inputs=inputs, enabled_precisions={torch_dtype}, min_block_size=1,
+                            **compile_options)
     cpu_ops = dict(compiled.summary.ops_on_cpu)
     pte = kiln.save(compiled, out / f"{name}.pte", backend_config=device_resident_config())
     export_s = time.perf_counter() - start
@@ -96,9 +99,8 @@ def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bo
         "delegates": list(compiled.delegates), "cpu_fallback_ops": n_cpu, "cpu_ops": cpu_ops,
         "export_s": round(export_s, 3), "pte_bytes": pte.stat().st_size,
         "runner_args": ["--device_io=true"], "torch": torch.__version__,
-        # Opt-in compiler paths in effect (KILN_CONV_GEMM, KILN_DEPTHWISE_KERNEL, ...).
-        "compiler_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KILN_")
-                         and k not in ("KILN_BUILD_DIR", "KILN_REQUIRE_COMPILER")},
+        # Compiler paths other than the defaults (--conv-gemm, --no-depthwise-kernels).
+        "compile_options": compile_options,
     }
     print(f"{name}: exported in {export_s:.1f} s, {entry['pte_bytes'] / 2**20:.1f} MiB, "
           f"delegates {compiled.delegates}, {n_cpu} ops on the CPU{': ' + str(cpu_ops) if cpu_ops else ''}",
@@ -180,6 +182,10 @@ def main(argv=None) -> int:
                              "ExecuTorch SDK and the ~1 MiB repository)")
     parser.add_argument("--keep-pte", type=Path, help="also keep the unpacked .pte files here")
     parser.add_argument("--jobs", type=int, default=2, help="parallel xz compressions")
+    parser.add_argument("--conv-gemm", choices=("all", "unstrided", "none"), default="all",
+                        help="kiln.compile's conv_gemm: 1x1 convs as GEMMs (default all)")
+    parser.add_argument("--no-depthwise-kernels", action="store_true",
+                        help="kiln.compile's depthwise_kernels=False: depthwise convs on cuDNN")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     for m in models:
@@ -194,7 +200,13 @@ def main(argv=None) -> int:
     pte_dir.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}; exporting {len(models) * len(dtypes) * len(batches)} programs to {pte_dir}",
           flush=True)
-    entries = [export_one(m, d, b, pte_dir, args.allow_cpu_fallback) for m in models for d in dtypes for b in batches]
+    compile_options = {}
+    if args.conv_gemm != "all":
+        compile_options["conv_gemm"] = args.conv_gemm
+    if args.no_depthwise_kernels:
+        compile_options["depthwise_kernels"] = False
+    entries = [export_one(m, d, b, pte_dir, args.allow_cpu_fallback, compile_options)
+               for m in models for d in dtypes for b in batches]
     (pte_dir / "manifest_vision.json").write_text(json.dumps(entries, indent=1))
     print("packing (xz):", flush=True)
     groups = pack_groups(entries, pte_dir, args.out, args.group_mib, args.jobs)

@@ -128,6 +128,9 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     min_block_size: int = 1,
     target_sms: Sequence[int] = DEFAULT_TARGET_SMS,
     use_cuda_graphs: bool | None = None,
+    conv_gemm: str = "all",
+    depthwise_kernels: bool = True,
+    debug_dir: str | os.PathLike | None = None,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
@@ -141,13 +144,20 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
       target_sms: GPU architectures to build machine code for (>= 70); PTX is
         added for the newest so newer GPUs can JIT it.
       use_cuda_graphs: baked into the engines; None leaves it to the runtime.
+      conv_gemm: 1x1 convolutions as cuBLASLt GEMMs: "all" (strided ones
+        through a gather kernel), "unstrided" or "none" (all on cuDNN).
+      depthwise_kernels: depthwise convolutions as generated kernels with the
+        activation after them fused in (False: cuDNN).
+      debug_dir: when given, the IR after every compiler pass is written to
+        <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
     """
     return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
-                      target_sms, use_cuda_graphs)
+                      target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
+                      debug_dir=debug_dir)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
-               use_cuda_graphs) -> CompiledProgram:
+               use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     check_exported_program(exported_program, caller)
     options = validate_options(
@@ -155,6 +165,9 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         min_block_size=min_block_size,
         target_sms=target_sms,
         use_cuda_graphs=use_cuda_graphs,
+        conv_gemm=conv_gemm,
+        depthwise_kernels=depthwise_kernels,
+        debug_dir=debug_dir,
     )
     if arg_inputs is not None:
         check_arg_inputs(exported_program, arg_inputs)
@@ -234,6 +247,9 @@ def save(
             use_cuda_graphs=cuda_graphs,
             emit_ptx=compiled.options.emit_ptx,
             target_device=target_device,
+            conv_gemm=compiled.options.conv_gemm,
+            depthwise_kernels=compiled.options.depthwise_kernels,
+            debug_dir=compiled.options.debug_dir,
         )
         manager, _ = lower(compiled.exported_program, options)
 

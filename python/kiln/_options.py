@@ -7,6 +7,7 @@ ASCII strings that are also readable when inspecting a .pte.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -22,6 +23,8 @@ PRECISIONS: dict[torch.dtype, str] = {
     torch.bfloat16: "bfloat16",
 }
 _PRECISION_BY_NAME = {name: dtype for dtype, name in PRECISIONS.items()}
+
+CONV_GEMM_MODES = ("all", "unstrided", "none")
 
 # NVRTC in CUDA 13 (what the compiler links) builds for sm_75 and newer.
 MIN_SM = 75
@@ -39,6 +42,14 @@ class KilnOptions:
     # ExecuTorch (its PropagateDevicePass reads the "target_device" compile
     # spec) that they live on that GPU, for device-resident programs.
     target_device: str = ""
+    # How ops are planned (recorded in each engine's metadata; see
+    # docs/user_guide.md): 1x1 convs as GEMMs ("all", "unstrided", "none")
+    # and depthwise convs as generated kernels.
+    conv_gemm: str = "all"
+    depthwise_kernels: bool = True
+    # A folder for the IR after each compiler pass ("" = none); each
+    # partition gets a subfolder. Not stored in the .pte.
+    debug_dir: str = ""
 
     # ---- compile specs ---------------------------------------------------
     def to_compile_specs(self) -> list[CompileSpec]:
@@ -48,7 +59,9 @@ class KilnOptions:
             CompileSpec("use_cuda_graphs", str(self.use_cuda_graphs).encode()),
             CompileSpec("min_block_size", str(self.min_block_size).encode()),
             CompileSpec("emit_ptx", b"1" if self.emit_ptx else b"0"),
-        ] + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else [])
+            CompileSpec("conv_gemm", self.conv_gemm.encode()),
+            CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
+        ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else [])
 
     @staticmethod
     def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
@@ -56,7 +69,7 @@ class KilnOptions:
         a hand-written spec is not silently ignored."""
         values: dict[str, Any] = {}
         for spec in specs:
-            text = bytes(spec.value).decode("ascii")
+            text = bytes(spec.value).decode("utf-8")
             if spec.key == "enabled_precisions":
                 values["enabled_precisions"] = tuple(p for p in text.split(",") if p)
             elif spec.key == "target_sms":
@@ -69,6 +82,12 @@ class KilnOptions:
                 values["emit_ptx"] = text == "1"
             elif spec.key == "target_device":
                 values["target_device"] = text
+            elif spec.key == "conv_gemm":
+                values["conv_gemm"] = text
+            elif spec.key == "depthwise_kernels":
+                values["depthwise_kernels"] = text == "1"
+            elif spec.key == "debug_dir":
+                values["debug_dir"] = text
             else:
                 raise ValueError(f"KilnBackend: unknown compile spec key {spec.key!r}")
         return validate_options(
@@ -80,6 +99,9 @@ class KilnOptions:
             ),
             emit_ptx=values.get("emit_ptx", True),
             target_device=values.get("target_device", ""),
+            conv_gemm=values.get("conv_gemm", "all"),
+            depthwise_kernels=values.get("depthwise_kernels", True),
+            debug_dir=values.get("debug_dir", ""),
         )
 
     # ---- for messages and summaries -------------------------------------
@@ -117,6 +139,9 @@ def validate_options(
     use_cuda_graphs: Any = None,
     emit_ptx: Any = True,
     target_device: Any = "",
+    conv_gemm: Any = "all",
+    depthwise_kernels: Any = True,
+    debug_dir: Any = None,
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument."""
@@ -172,6 +197,15 @@ def validate_options(
 
     if not isinstance(target_device, str) or (target_device and not re.fullmatch(r"cuda:\d+", target_device)):
         raise ValueError(f"target_device: expected '' (host I/O) or 'cuda:N', got {target_device!r}")
+    if conv_gemm not in CONV_GEMM_MODES:
+        raise ValueError(f"conv_gemm: expected one of {', '.join(map(repr, CONV_GEMM_MODES))}, got {conv_gemm!r}")
+    if not isinstance(depthwise_kernels, bool):
+        raise TypeError(f"depthwise_kernels: expected a bool, got {type(depthwise_kernels).__name__}")
+    if debug_dir is None:
+        debug_dir = ""
+    if not isinstance(debug_dir, (str, os.PathLike)):
+        raise TypeError(f"debug_dir: expected a path or None, got {type(debug_dir).__name__}")
+    debug_dir = os.fspath(debug_dir)
     return KilnOptions(
         enabled_precisions=precisions,
         min_block_size=min_block_size,
@@ -179,4 +213,7 @@ def validate_options(
         use_cuda_graphs=cuda_graphs,
         emit_ptx=emit_ptx,
         target_device=target_device,
+        conv_gemm=conv_gemm,
+        depthwise_kernels=depthwise_kernels,
+        debug_dir=debug_dir,
     )

@@ -9,6 +9,7 @@ named ``KilnBackend`` and this module must be imported before lowering.
 from __future__ import annotations
 
 import logging
+import os
 from typing import List
 
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
@@ -22,6 +23,16 @@ from ._options import KilnOptions
 from .graph_builder import build_graph
 
 logger = logging.getLogger("kiln")
+
+
+def _partition_debug_dir(root: str) -> str:
+    """A fresh subfolder of `root` per partition (partition_0, partition_1, ...)."""
+    if not root:
+        return ""
+    index = 0
+    while os.path.exists(os.path.join(root, f"partition_{index}")):
+        index += 1
+    return os.path.join(root, f"partition_{index}")
 
 
 def _progress(message: str) -> None:
@@ -48,6 +59,9 @@ class KilnBackend(BackendDetails):
             enabled_precisions=list(options.enabled_precisions),
             use_cuda_graphs=options.use_cuda_graphs,
             progress=_progress,
+            conv_gemm=options.conv_gemm,
+            depthwise_kernels=options.depthwise_kernels,
+            debug_dir=_partition_debug_dir(options.debug_dir),
         )
         engine = bytes(engine)
         progress.engine(len(engine))

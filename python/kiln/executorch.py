@@ -4,6 +4,7 @@ EdgeProgramManager; the caller runs ``.to_executorch()`` and writes the .pte
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import torch
@@ -21,8 +22,12 @@ def export(
     min_block_size: int = 1,
     target_sms: Sequence[int] = DEFAULT_TARGET_SMS,
     use_cuda_graphs: bool | None = None,
+    conv_gemm: str = "all",
+    depthwise_kernels: bool = True,
+    debug_dir: str | os.PathLike | None = None,
 ) -> EdgeProgramManager:
     """Lowers `exported_program` with KilnPartitioner; same options as
     ``kiln.compile``. Returns the EdgeProgramManager."""
     return compile_as("kiln.executorch.export", exported_program, arg_inputs, enabled_precisions,
-                      min_block_size, target_sms, use_cuda_graphs).edge_program_manager
+                      min_block_size, target_sms, use_cuda_graphs, conv_gemm=conv_gemm,
+                      depthwise_kernels=depthwise_kernels, debug_dir=debug_dir).edge_program_manager
