@@ -189,6 +189,13 @@ Status ByteReader::skip(size_t n) {
   return Status::ok();
 }
 
+Status ByteReader::read_span(size_t n, const uint8_t** out) {
+  KILN_RETURN_IF_ERROR(need(n));
+  *out = data_ + offset_;
+  offset_ += n;
+  return Status::ok();
+}
+
 Status ByteReader::expect_end() const {
   if (remaining() == 0) return Status::ok();
   return make_status(StatusCode::kCorruptData,

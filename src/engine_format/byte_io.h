@@ -78,6 +78,9 @@ class ByteReader {
   // bit cannot make the caller allocate gigabytes.
   Status read_count(uint32_t* out, size_t min_element_bytes);
   Status skip(size_t n);
+  // Points `*out` at the next `n` bytes (borrowed from the reader's range)
+  // and moves past them; for a nested reader over a length-prefixed part.
+  Status read_span(size_t n, const uint8_t** out);
 
   // kCorruptData unless every byte was consumed.
   Status expect_end() const;

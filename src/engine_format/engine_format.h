@@ -24,8 +24,9 @@ namespace kiln::engine {
 constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
 // Bump when the layout changes; the reader refuses other versions with
 // kIncompatible (re-export the model with this Kiln). Version 2: batched
-// GEMM fields and conv steps.
-constexpr uint32_t kEngineFormatVersion = 2;
+// GEMM fields and conv steps. Version 3: each step's payload is preceded by
+// its byte size (step kinds register their own codecs, step_format.h).
+constexpr uint32_t kEngineFormatVersion = 3;
 
 // Serializes `desc`. Fails (kInvalidArgument) when `desc` is inconsistent,
 // e.g. an index out of range, so a bad engine is never written.

@@ -14,6 +14,7 @@
 #include "engine_format/byte_io.h"
 #include "engine_format/engine_format.h"
 #include "engine_format/engine_layout.h"
+#include "engine_format/step_format.h"
 
 namespace kiln::engine {
 namespace {
@@ -25,12 +26,7 @@ constexpr size_t kMinMetadataBytes = 4 + 4;
 constexpr size_t kMinTensorBytes = 4 + 1 + 1 + 1 + 4 + 8 + 8;
 constexpr size_t kMinModuleBytes = 4 + 4 + 4 + 4 + 4;
 constexpr size_t kMinCubinBytes = 4 + 4;
-constexpr size_t kMinKernelBytes = 4 + 4 + 12 + 12 + 4 + 4;
-constexpr size_t kMinGemmBytes = 5 * 4 + 3 * 8 + 2 + 2 * 4 + 5 * 8;
-constexpr size_t kMinConvBytes = 5 * 4 + 16 * 8 + 1;
-constexpr size_t kMinStepBytes =
-    1 + 4 + std::min({kMinKernelBytes, kMinGemmBytes, kMinConvBytes});
-constexpr size_t kMinArgBytes = 1 + 4;
+constexpr size_t kMinStepBytes = 1 + 4 + 4;  // kind, label length, payload size
 
 Status parse_meta(ByteReader& r, EngineDesc* desc) {
   KILN_READ_OR_RETURN(r.read_u64(&desc->arena_bytes), "arena_bytes");
@@ -106,87 +102,8 @@ Status parse_modules(ByteReader& r, EngineDesc* desc) {
   return Status::ok();
 }
 
-Status parse_gemm(ByteReader& r, uint32_t i, GemmStep* g) {
-  KILN_READ_OR_RETURN(r.read_u32(&g->a), "step %u gemm a", i);
-  KILN_READ_OR_RETURN(r.read_u32(&g->b), "step %u gemm b", i);
-  KILN_READ_OR_RETURN(r.read_u32(&g->bias), "step %u gemm bias", i);
-  KILN_READ_OR_RETURN(r.read_u32(&g->c), "step %u gemm c", i);
-  KILN_READ_OR_RETURN(r.read_u32(&g->out), "step %u gemm out", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->m), "step %u gemm m", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->n), "step %u gemm n", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->k), "step %u gemm k", i);
-  KILN_READ_OR_RETURN(r.read_bool(&g->b_transposed), "step %u gemm b_transposed", i);
-  uint8_t epilogue = 0;
-  KILN_READ_OR_RETURN(r.read_u8(&epilogue), "step %u gemm epilogue", i);
-  g->epilogue = static_cast<GemmEpilogue>(epilogue);
-  KILN_READ_OR_RETURN(r.read_f32(&g->alpha), "step %u gemm alpha", i);
-  KILN_READ_OR_RETURN(r.read_f32(&g->beta), "step %u gemm beta", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->batch), "step %u gemm batch", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->stride_a), "step %u gemm stride_a", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->stride_b), "step %u gemm stride_b", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->stride_c), "step %u gemm stride_c", i);
-  KILN_READ_OR_RETURN(r.read_i64(&g->stride_out), "step %u gemm stride_out", i);
-  return Status::ok();
-}
-
-Status parse_conv(ByteReader& r, uint32_t i, ConvStep* c) {
-  const std::pair<const char*, uint32_t*> tensors[] = {
-      {"x", &c->x}, {"w", &c->w}, {"bias", &c->bias}, {"z", &c->z}, {"out", &c->out}};
-  for (const auto& t : tensors)
-    KILN_READ_OR_RETURN(r.read_u32(t.second), "step %u conv %s", i, t.first);
-  const std::pair<const char*, int64_t*> fields[] = {
-      {"n", &c->n},           {"h", &c->h},           {"w_in", &c->w_in},
-      {"c", &c->c},           {"k", &c->k},           {"r", &c->r},
-      {"s", &c->s},           {"p", &c->p},           {"q", &c->q},
-      {"pad_h", &c->pad_h},   {"pad_w", &c->pad_w},   {"stride_h", &c->stride_h},
-      {"stride_w", &c->stride_w}, {"dilation_h", &c->dilation_h},
-      {"dilation_w", &c->dilation_w}, {"groups", &c->groups}};
-  for (const auto& f : fields)
-    KILN_READ_OR_RETURN(r.read_i64(f.second), "step %u conv %s", i, f.first);
-  uint8_t activation = 0;
-  KILN_READ_OR_RETURN(r.read_u8(&activation), "step %u conv activation", i);
-  // Range-checked by validate_engine, like the GEMM epilogue.
-  c->activation = static_cast<ConvActivation>(activation);
-  return Status::ok();
-}
-
-Status parse_kernel(ByteReader& r, uint32_t i, KernelStep* k) {
-  KILN_READ_OR_RETURN(r.read_u32(&k->module), "step %u kernel module", i);
-  KILN_READ_OR_RETURN(r.read_string(&k->function), "step %u kernel function", i);
-  for (uint32_t d = 0; d < 3; ++d)
-    KILN_READ_OR_RETURN(r.read_u32(&k->grid[d]), "step %u kernel grid[%u]", i, d);
-  for (uint32_t d = 0; d < 3; ++d)
-    KILN_READ_OR_RETURN(r.read_u32(&k->block[d]), "step %u kernel block[%u]", i, d);
-  KILN_READ_OR_RETURN(r.read_u32(&k->shared_bytes), "step %u kernel shared_bytes", i);
-  uint32_t count = 0;
-  KILN_READ_OR_RETURN(r.read_count(&count, kMinArgBytes), "step %u kernel arg count", i);
-  k->args.resize(count);
-  for (uint32_t a = 0; a < count; ++a) {
-    KernelArg& arg = k->args[a];
-    uint8_t kind = 0;
-    KILN_READ_OR_RETURN(r.read_u8(&kind), "step %u kernel arg %u kind", i, a);
-    // The kind decides how many bytes follow, so it is checked here.
-    switch (kind) {
-      case static_cast<uint8_t>(KernelArgKind::kTensor):
-        arg.kind = KernelArgKind::kTensor;
-        KILN_READ_OR_RETURN(r.read_u32(&arg.tensor), "step %u kernel arg %u tensor", i, a);
-        break;
-      case static_cast<uint8_t>(KernelArgKind::kInt64):
-        arg.kind = KernelArgKind::kInt64;
-        KILN_READ_OR_RETURN(r.read_i64(&arg.i64), "step %u kernel arg %u int64", i, a);
-        break;
-      case static_cast<uint8_t>(KernelArgKind::kFloat32):
-        arg.kind = KernelArgKind::kFloat32;
-        KILN_READ_OR_RETURN(r.read_f32(&arg.f32), "step %u kernel arg %u float32", i, a);
-        break;
-      default:
-        return make_status(StatusCode::kCorruptData, "step %u kernel arg %u: unknown kind %u", i,
-                           a, static_cast<unsigned>(kind));
-    }
-  }
-  return Status::ok();
-}
-
+// Each step's payload is read by its kind's registered codec (step_format.h)
+// from a reader that covers exactly the payload.
 Status parse_steps(ByteReader& r, EngineDesc* desc) {
   uint32_t count = 0;
   KILN_READ_OR_RETURN(r.read_count(&count, kMinStepBytes), "step count");
@@ -196,19 +113,22 @@ Status parse_steps(ByteReader& r, EngineDesc* desc) {
     uint8_t kind = 0;
     KILN_READ_OR_RETURN(r.read_u8(&kind), "step %u kind", i);
     KILN_READ_OR_RETURN(r.read_string(&s.label), "step %u label", i);
-    if (kind == static_cast<uint8_t>(StepKind::kGemm)) {
-      s.kind = StepKind::kGemm;
-      KILN_RETURN_IF_ERROR(parse_gemm(r, i, &s.gemm));
-    } else if (kind == static_cast<uint8_t>(StepKind::kKernel)) {
-      s.kind = StepKind::kKernel;
-      KILN_RETURN_IF_ERROR(parse_kernel(r, i, &s.kernel));
-    } else if (kind == static_cast<uint8_t>(StepKind::kConv)) {
-      s.kind = StepKind::kConv;
-      KILN_RETURN_IF_ERROR(parse_conv(r, i, &s.conv));
-    } else {
+    const StepFormat* format = find_step_format(kind);
+    if (format == nullptr)
       return make_status(StatusCode::kCorruptData, "step %u: unknown kind %u", i,
                          static_cast<unsigned>(kind));
-    }
+    s.kind = format->kind;
+    uint32_t size = 0;
+    KILN_READ_OR_RETURN(r.read_u32(&size), "step %u payload size", i);
+    const uint8_t* payload = nullptr;
+    KILN_READ_OR_RETURN(r.read_span(size, &payload), "step %u (%s) payload of %u bytes", i,
+                        format->name, size);
+    ByteReader sub(payload, size, r.section());
+    KILN_RETURN_IF_ERROR(format->read(sub, i, &s));
+    if (sub.remaining() != 0)
+      return make_status(StatusCode::kCorruptData,
+                         "step %u (%s '%s'): %zu bytes left over after its %u-byte payload", i,
+                         format->name, s.label.c_str(), sub.remaining(), size);
   }
   return Status::ok();
 }
@@ -243,7 +163,8 @@ Status parse_container(const uint8_t* p, size_t size,
                        "engine format version %u, this runtime reads version %u (%s)", version,
                        kEngineFormatVersion,
                        version < kEngineFormatVersion
-                           ? "the engine is older: re-export the model with this Kiln"
+                           ? "the engine is older: rebuild the .pte, re-exporting the model "
+                             "with this Kiln"
                            : "the engine is newer: update the Kiln runtime");
   if (size < layout::kHeaderSize)
     return make_status(StatusCode::kCorruptData,

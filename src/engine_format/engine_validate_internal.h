@@ -1,5 +1,5 @@
-// Pieces of validate_engine shared between engine_validate.cpp and
-// engine_validate_conv.cpp (private to src/engine_format).
+// Pieces of validate_engine shared with the step kinds' validators
+// (steps/*_step_format.cpp); private to src/engine_format.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,5 @@ namespace kiln::engine {
 
 // kInvalidArgument with a printf-formatted message.
 Status invalid(const char* format, ...) __attribute__((format(printf, 1, 2)));
-
-// Checks conv step `step` (`label` names it in messages); the tensors
-// themselves are already checked.
-Status check_conv(const EngineDesc& desc, uint32_t step, const std::string& label);
 
 }  // namespace kiln::engine

@@ -1,13 +1,15 @@
 // Engine serialization: EngineDesc -> bytes.
 //
-// On-disk layout, format version 2 (version 2 added batched GEMMs and conv
-// steps; version 1 files are refused, see engine_format.h). All integers little-endian; "str" is a
+// On-disk layout, format version 3 (version 2 added batched GEMMs and conv
+// steps; version 3 put each step's payload behind its byte size, so every
+// kind's codec reads exactly its own bytes; other versions are refused, see
+// engine_format.h). All integers little-endian; "str" is a
 // u32 byte length followed by that many bytes (no terminator); "bytes" the
 // same for binary data.
 //
 // FileHeader, 32 bytes at offset 0:
 //   0  u8[8] magic "KILNENG\0"
-//   8  u32   format version (2)
+//   8  u32   format version (3)
 //   12 u32   section count (always 6)
 //   16 u64   total size of the engine in bytes
 //   24 u32   flags (0)
@@ -31,25 +33,22 @@
 //   3   | io      | u32 n; u32 inputs[n]; u32 m; u32 outputs[m]
 //   4   | modules | u32 n; n x {str name; u32 ptx_sm; str ptx; str source;
 //       |         |   u32 c; c x {u32 sm; bytes image}}
-//   5   | steps   | u32 n; n x {u8 kind; str label; gemm, kernel or conv fields}
-//       |         |   gemm:   u32 a, b, bias, c, out; i64 m, n, k;
-//       |         |           u8 b_transposed; u8 epilogue; f32 alpha, beta;
-//       |         |           i64 batch, stride_a, stride_b, stride_c, stride_out
-//       |         |   conv:   u32 x, w, bias, z, out; i64 n, h, w_in, c, k, r, s,
-//       |         |           p, q, pad_h, pad_w, stride_h, stride_w,
-//       |         |           dilation_h, dilation_w, groups; u8 activation
-//       |         |   kernel: u32 module; str function; u32 grid[3];
-//       |         |           u32 block[3]; u32 shared_bytes; u32 a;
-//       |         |           a x {u8 kind; u32 tensor | i64 | f32}
+//   5   | steps   | u32 n; n x {u8 kind; str label; u32 size; payload[size]}
+//       |         |   the payload is the kind's own fields, written and read by
+//       |         |   its registered codec (step_format.h); each layout is at
+//       |         |   the top of steps/<kind>_step_format.cpp:
+//       |         |   gemm (0), kernel (1), conv (2)
 //   6   | weights | the raw weights blob
 //
 // Fields a step or argument kind does not use are not stored (they parse back
 // as their defaults). Enum values are EngineDesc's stable numbers.
+#include <cstdint>
 #include <cstring>
 
 #include "engine_format/byte_io.h"
 #include "engine_format/engine_format.h"
 #include "engine_format/engine_layout.h"
+#include "engine_format/step_format.h"
 
 namespace kiln::engine {
 namespace {
@@ -104,62 +103,23 @@ void write_modules(const EngineDesc& desc, ByteWriter* w) {
   }
 }
 
-void write_gemm(const GemmStep& g, ByteWriter* w) {
-  w->put_u32(g.a);
-  w->put_u32(g.b);
-  w->put_u32(g.bias);
-  w->put_u32(g.c);
-  w->put_u32(g.out);
-  w->put_i64(g.m);
-  w->put_i64(g.n);
-  w->put_i64(g.k);
-  w->put_u8(g.b_transposed ? 1 : 0);
-  w->put_u8(static_cast<uint8_t>(g.epilogue));
-  w->put_f32(g.alpha);
-  w->put_f32(g.beta);
-  w->put_i64(g.batch);
-  w->put_i64(g.stride_a);
-  w->put_i64(g.stride_b);
-  w->put_i64(g.stride_c);
-  w->put_i64(g.stride_out);
-}
-
-void write_conv(const ConvStep& c, ByteWriter* w) {
-  for (uint32_t t : {c.x, c.w, c.bias, c.z, c.out}) w->put_u32(t);
-  for (int64_t v : {c.n, c.h, c.w_in, c.c, c.k, c.r, c.s, c.p, c.q, c.pad_h, c.pad_w,
-                    c.stride_h, c.stride_w, c.dilation_h, c.dilation_w, c.groups})
-    w->put_i64(v);
-  w->put_u8(static_cast<uint8_t>(c.activation));
-}
-
-void write_kernel(const KernelStep& k, ByteWriter* w) {
-  w->put_u32(k.module);
-  w->put_string(k.function);
-  for (uint32_t v : k.grid) w->put_u32(v);
-  for (uint32_t v : k.block) w->put_u32(v);
-  w->put_u32(k.shared_bytes);
-  w->put_u32(static_cast<uint32_t>(k.args.size()));
-  for (const KernelArg& a : k.args) {
-    w->put_u8(static_cast<uint8_t>(a.kind));
-    switch (a.kind) {
-      case KernelArgKind::kTensor: w->put_u32(a.tensor); break;
-      case KernelArgKind::kInt64: w->put_i64(a.i64); break;
-      case KernelArgKind::kFloat32: w->put_f32(a.f32); break;
-    }
-  }
-}
-
-void write_steps(const EngineDesc& desc, ByteWriter* w) {
+// Each step: the common header, then its kind's payload (written by the kind's
+// registered codec, step_format.h), whose size is patched in afterwards.
+Status write_steps(const EngineDesc& desc, ByteWriter* w) {
   w->put_u32(static_cast<uint32_t>(desc.steps.size()));
   for (const Step& s : desc.steps) {
     w->put_u8(static_cast<uint8_t>(s.kind));
     w->put_string(s.label);
-    switch (s.kind) {  // validated: one of the three
-      case StepKind::kGemm: write_gemm(s.gemm, w); break;
-      case StepKind::kKernel: write_kernel(s.kernel, w); break;
-      case StepKind::kConv: write_conv(s.conv, w); break;
-    }
+    const size_t size_at = w->size();
+    w->put_u32(0);
+    find_step_format(s.kind)->write(s, w);  // validated: a registered kind
+    const size_t payload = w->size() - size_at - 4;
+    if (payload > UINT32_MAX)
+      return make_status(StatusCode::kInvalidArgument, "step '%s': %zu-byte payload exceeds 4 GiB",
+                         s.label.c_str(), payload);
+    w->patch_u32(size_at, static_cast<uint32_t>(payload));
   }
+  return Status::ok();
 }
 
 void put_le32(uint8_t* p, uint32_t v) {
@@ -186,7 +146,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
   write_tensors(desc, &tensors);
   write_io(desc, &io);
   write_modules(desc, &modules);
-  write_steps(desc, &steps);
+  KILN_RETURN_IF_ERROR(write_steps(desc, &steps).with_context("serialize_engine"));
 
   struct Section {
     SectionKind kind;

@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_format/engine_format.h"
+#include "engine_format/step_format.h"
 
 namespace kiln::python {
 
@@ -18,24 +20,6 @@ const char* storage_name(StorageKind kind) {
     case StorageKind::kOutput: return "output";
     case StorageKind::kArena: return "arena";
     case StorageKind::kWeight: return "weight";
-  }
-  return "unknown";
-}
-
-const char* epilogue_name(GemmEpilogue epilogue) {
-  switch (epilogue) {
-    case GemmEpilogue::kNone: return "none";
-    case GemmEpilogue::kBias: return "bias";
-    case GemmEpilogue::kReluBias: return "relu_bias";
-    case GemmEpilogue::kRelu: return "relu";
-  }
-  return "unknown";
-}
-
-const char* activation_name(ConvActivation activation) {
-  switch (activation) {
-    case ConvActivation::kNone: return "none";
-    case ConvActivation::kRelu: return "relu";
   }
   return "unknown";
 }
@@ -70,107 +54,50 @@ nb::dict tensor_dict(const TensorDesc& t) {
   return d;
 }
 
-// "8x56x56x64 -> 8x56x56x128, 3x3 s1x1 p1x1 d1x1 g1 +bias +z relu": one line
-// for `kiln inspect`, so the Python side needs no conv-specific formatting.
-std::string conv_summary(const ConvStep& c) {
-  char text[256];
-  std::snprintf(text, sizeof(text),
-                "%lldx%lldx%lldx%lld -> %lldx%lldx%lldx%lld (NHWC), %lldx%lld s%lldx%lld "
-                "p%lldx%lld d%lldx%lld g%lld%s%s %s",
-                static_cast<long long>(c.n), static_cast<long long>(c.h),
-                static_cast<long long>(c.w_in), static_cast<long long>(c.c),
-                static_cast<long long>(c.n), static_cast<long long>(c.p),
-                static_cast<long long>(c.q), static_cast<long long>(c.k),
-                static_cast<long long>(c.r), static_cast<long long>(c.s),
-                static_cast<long long>(c.stride_h), static_cast<long long>(c.stride_w),
-                static_cast<long long>(c.pad_h), static_cast<long long>(c.pad_w),
-                static_cast<long long>(c.dilation_h), static_cast<long long>(c.dilation_w),
-                static_cast<long long>(c.groups), c.bias != kNoTensor ? " +bias" : "",
-                c.z != kNoTensor ? " +z" : "", activation_name(c.activation));
-  return text;
-}
+// Builds a step's dict from the fields its kind describes (StepFormat::describe),
+// so this file knows no step kind.
+class DictSink : public StepFieldSink {
+ public:
+  explicit DictSink(nb::dict d) : top_(std::move(d)) {}
+  void text(const char* key, const std::string& value) override { target()[key] = value; }
+  void integer(const char* key, int64_t value) override { target()[key] = value; }
+  void real(const char* key, double value) override { target()[key] = value; }
+  void flag(const char* key, bool value) override { target()[key] = value; }
+  void tensor(const char* key, uint32_t index) override { target()[key] = tensor_index(index); }
+  void integers(const char* key, const std::vector<int64_t>& values) override {
+    target()[key] = to_list(values);
+  }
+  void begin_list(const char* key) override {
+    list_ = nb::list();
+    list_key_ = key;
+    in_list_ = true;
+  }
+  void begin_record() override {
+    record_ = nb::dict();
+    list_.append(record_);
+  }
+  void end_list() override {
+    top_[list_key_.c_str()] = list_;
+    in_list_ = false;
+  }
 
-std::string gemm_summary(const GemmStep& g) {
-  char text[256];
-  int n = std::snprintf(text, sizeof(text), "m=%lld n=%lld k=%lld epilogue=%s",
-                        static_cast<long long>(g.m), static_cast<long long>(g.n),
-                        static_cast<long long>(g.k), epilogue_name(g.epilogue));
-  if (g.batch > 1 && n > 0 && static_cast<size_t>(n) < sizeof(text))
-    std::snprintf(text + n, sizeof(text) - n,
-                  " batch=%lld strides a=%lld b=%lld%s out=%lld", static_cast<long long>(g.batch),
-                  static_cast<long long>(g.stride_a), static_cast<long long>(g.stride_b),
-                  g.c != kNoTensor ? (" c=" + std::to_string(g.stride_c)).c_str() : "",
-                  static_cast<long long>(g.stride_out));
-  return text;
-}
+ private:
+  nb::dict& target() { return in_list_ ? record_ : top_; }
+
+  nb::dict top_;
+  nb::list list_;
+  nb::dict record_;
+  std::string list_key_;
+  bool in_list_ = false;
+};
 
 nb::dict step_dict(const Step& s) {
   nb::dict d;
   d["label"] = s.label;
-  if (s.kind == StepKind::kConv) {
-    const ConvStep& c = s.conv;
-    d["kind"] = "conv";
-    d["summary"] = conv_summary(c);
-    d["input_shape"] = to_list(std::vector<int64_t>{c.n, c.h, c.w_in, c.c});
-    d["output_shape"] = to_list(std::vector<int64_t>{c.n, c.p, c.q, c.k});
-    d["filter"] = to_list(std::vector<int64_t>{c.r, c.s});
-    d["stride"] = to_list(std::vector<int64_t>{c.stride_h, c.stride_w});
-    d["padding"] = to_list(std::vector<int64_t>{c.pad_h, c.pad_w});
-    d["dilation"] = to_list(std::vector<int64_t>{c.dilation_h, c.dilation_w});
-    d["groups"] = c.groups;
-    d["activation"] = activation_name(c.activation);
-    d["x"] = tensor_index(c.x);
-    d["w"] = tensor_index(c.w);
-    d["bias"] = tensor_index(c.bias);
-    d["z"] = tensor_index(c.z);
-    d["out"] = tensor_index(c.out);
-  } else if (s.kind == StepKind::kGemm) {
-    const GemmStep& g = s.gemm;
-    d["kind"] = "gemm";
-    d["m"] = g.m;
-    d["n"] = g.n;
-    d["k"] = g.k;
-    d["epilogue"] = epilogue_name(g.epilogue);
-    d["b_transposed"] = g.b_transposed;
-    d["alpha"] = g.alpha;
-    d["beta"] = g.beta;
-    d["a"] = tensor_index(g.a);
-    d["b"] = tensor_index(g.b);
-    d["bias"] = tensor_index(g.bias);
-    d["c"] = tensor_index(g.c);
-    d["out"] = tensor_index(g.out);
-    d["batch"] = g.batch;
-    d["strides"] = to_list(std::vector<int64_t>{g.stride_a, g.stride_b, g.stride_c, g.stride_out});
-    d["summary"] = gemm_summary(g);
-  } else {
-    const KernelStep& k = s.kernel;
-    d["kind"] = "kernel";
-    d["module"] = k.module;
-    d["function"] = k.function;
-    d["grid"] = to_list(k.grid, 3);
-    d["block"] = to_list(k.block, 3);
-    d["shared_bytes"] = k.shared_bytes;
-    nb::list args;
-    for (const KernelArg& arg : k.args) {
-      nb::dict a;
-      switch (arg.kind) {
-        case KernelArgKind::kTensor:
-          a["kind"] = "tensor";
-          a["tensor"] = tensor_index(arg.tensor);
-          break;
-        case KernelArgKind::kInt64:
-          a["kind"] = "int64";
-          a["value"] = arg.i64;
-          break;
-        case KernelArgKind::kFloat32:
-          a["kind"] = "float32";
-          a["value"] = arg.f32;
-          break;
-      }
-      args.append(a);
-    }
-    d["args"] = args;
-  }
+  const StepFormat* format = find_step_format(s.kind);  // parse_engine checked the kind
+  d["kind"] = format->name;
+  DictSink sink(d);
+  format->describe(s, sink);
   return d;
 }
 

@@ -1,14 +1,14 @@
 // A loaded engine: everything about an EngineDesc that can be prepared once
 // per GPU and then shared, read-only, by every ExecutionContext that runs it.
 //
-// Engine::load picks the machine code for this GPU, loads the generated
-// kernels, uploads the weights once and plans every GEMM with cuBLASLt and
-// every conv with cuDNN (algorithms timed at load, gemm_plan.h / conv_plan.h). After
-// load nothing in an Engine changes, so several contexts (one per delegate
-// handle, possibly on different threads) may use one Engine concurrently.
+// Engine::load uploads the weights once and lets every step kind prepare its
+// steps (step_runtime.h: the kernel kind picks the machine code for this GPU
+// and loads the generated kernels, GEMMs are planned with cuBLASLt and convs
+// with cuDNN, algorithms timed at load). After load nothing in an Engine
+// changes, so several contexts (one per delegate handle, possibly on
+// different threads) may use one Engine concurrently.
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -19,26 +19,18 @@
 
 #include "common/status.h"
 #include "engine_format/engine_desc.h"
-#include "runtime/conv_plan.h"
 #include "runtime/device.h"
-#include "runtime/gemm_plan.h"
+#include "runtime/step_runtime.h"
 
 namespace kiln::runtime {
-
-// A kernel step resolved at load: the handle stays valid for the Engine's life.
-struct KernelPlan {
-  cudaKernel_t kernel = nullptr;
-  dim3 grid;
-  dim3 block;
-  uint32_t shared_bytes = 0;  // dynamic shared memory
-};
 
 class Engine {
  public:
   // Loads `desc` onto CUDA device `device`, which is left current on the
   // calling thread. Fails with kIncompatible when a kernel module has no code
   // this GPU can run, kUnavailable without a GPU, kOutOfMemory, kUnsupported
-  // for a GEMM cuBLASLt cannot do, kInternal for other CUDA failures.
+  // for a GEMM cuBLASLt cannot do or a step kind this runtime cannot run,
+  // kInternal for other CUDA failures.
   // The weights and kernel images are released from the stored desc once they
   // are on the GPU.
   static Result<std::unique_ptr<Engine>> load(engine::EngineDesc desc, int device);
@@ -60,44 +52,29 @@ class Engine {
   // Device base of the uploaded weights blob (nullptr when it is empty).
   const void* weights() const { return weights_; }
   size_t weights_bytes() const { return weights_bytes_; }
-  // The largest workspace any planned GEMM or conv needs. Steps run one after
+  // The largest workspace any planned step (GEMM, conv) needs. Steps run one after
   // another on one stream, so a context allocates one buffer of this size.
   size_t workspace_bytes() const { return workspace_bytes_; }
-  // nullptr when the engine has no GEMM step.
-  cublasLtHandle_t cublas() const { return cublas_; }
-  // True when a step runs through cuDNN (a context then makes a cuDNN handle).
-  bool has_convs() const { return has_convs_; }
-
-  // Valid for kernel / GEMM / conv steps respectively.
-  const KernelPlan& kernel_plan(size_t step) const { return kernels_[step]; }
-  const GemmPlan& gemm_plan(size_t step) const { return gemms_[step]; }
-  const ConvPlan& conv_plan(size_t step) const { return convs_[step]; }
-
-  // A matmul descriptor equal to gemm_plan(step).op but with `bias` as its
-  // bias pointer. The caller owns it (cublasLtMatmulDescDestroy).
-  Result<cublasLtMatmulDesc_t> create_matmul_desc(size_t step, const void* bias) const;
+  // What step kind `kind` prepared at load for its steps; nullptr when the
+  // engine has no step of that kind. Owned by the Engine.
+  const StepKindPlans* step_plans(engine::StepKind kind) const {
+    const size_t id = static_cast<size_t>(kind);
+    return id < kinds_.size() ? kinds_[id].get() : nullptr;
+  }
 
  private:
   Engine() = default;
-  Status load_modules();
-  Status resolve_kernels();
+  Status check_kinds() const;
+  Status load_kinds(LoadStage stage);
   Status upload_weights();
-  Status plan_gemms();               // engine_gemm.cpp
-  Status create_gemm_plan(size_t step);  // descriptors only
-  Status plan_convs();  // engine_conv.cpp
 
   engine::EngineDesc desc_;
   DeviceInfo device_;
-  std::vector<cudaLibrary_t> libraries_;  // one per module
-  std::vector<KernelPlan> kernels_;       // per step
-  std::vector<GemmPlan> gemms_;           // per step
-  std::vector<ConvPlan> convs_;           // per step
-  bool has_convs_ = false;
-  void* zero_bias_ = nullptr;             // zeros for fused convs without a bias
+  // Indexed by StepKind id; null for kinds the engine does not use.
+  std::vector<std::unique_ptr<StepKindPlans>> kinds_;
   void* weights_ = nullptr;
   size_t weights_bytes_ = 0;
   size_t workspace_bytes_ = 0;
-  cublasLtHandle_t cublas_ = nullptr;
 };
 
 // Byte alignment (<= 256) of a tensor's device address: engine inputs and

@@ -11,8 +11,6 @@
 
 namespace kiln::runtime {
 
-using engine::KernelArgKind;
-using engine::StepKind;
 using engine::StorageKind;
 using engine::TensorDesc;
 
@@ -74,8 +72,8 @@ ExecutionContext::~ExecutionContext() {
   profiler_.report(engine_->desc());
   graph_.reset();
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
-  for (cublasLtMatmulDesc_t op : owned_ops_) (void)cublasLtMatmulDescDestroy(op);
-  if (cudnn_ != nullptr) (void)cudnnDestroy(cudnn_);
+  executors_.clear();  // before the kind contexts they use
+  kind_contexts_.clear();
   for (void* p : input_device_)
     if (p != nullptr) (void)cudaFree(p);
   for (void* p : output_device_)
@@ -103,9 +101,6 @@ Status ExecutionContext::allocate_buffers() {
   }
   // One workspace for GEMMs and convs: steps run one at a time on one stream.
   workspace_bytes_ = engine_->workspace_bytes();
-  // Made here, not at the first run: cudnnCreate allocates, which a CUDA
-  // graph capture must not see.
-  if (engine_->has_convs()) KILN_CUDNN_RETURN_IF_ERROR(cudnnCreate(&cudnn_));
   if (workspace_bytes_ > 0) {
     KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_, workspace_bytes_));
     device_bytes_ += workspace_bytes_;
@@ -155,24 +150,31 @@ void* ExecutionContext::tensor_address(uint32_t tensor) {
   return nullptr;
 }
 
-Status ExecutionContext::prepare_steps() {
-  const engine::EngineDesc& desc = engine_->desc();
-  size_t total_args = 0;
-  for (const auto& step : desc.steps)
-    if (step.kind == StepKind::kKernel) total_args += step.kernel.args.size();
-  // Sized once: the pointers below (and the bindings into them) must never move.
-  arg_slots_.assign(total_args, ArgSlot{nullptr});
-  arg_pointers_.assign(total_args, nullptr);
-  kernel_calls_.assign(desc.steps.size(), KernelCall{});
-  gemm_calls_.assign(desc.steps.size(), GemmCall{});
-  conv_calls_.assign(desc.steps.size(), ConvCall{});
+// The StepBinder the step kinds see: addresses in this context, recorded as
+// Bindings when they can move (not weights).
+class ExecutionContext::Binder : public StepBinder {
+ public:
+  explicit Binder(ExecutionContext& context) : context_(context) {}
 
-  // Records where `*slot` came from when it can move (not a weight).
-  auto bind = [&](uint32_t tensor, void** slot, cublasLtMatmulDesc_t bias_op) {
-    const TensorDesc& t = desc.tensors[tensor];
+  void* address(uint32_t tensor) override { return context_.tensor_address(tensor); }
+  void bind(uint32_t tensor, void** slot) override {
+    *slot = context_.tensor_address(tensor);
     Binding b;
     b.slot = slot;
-    b.bias_op = bias_op;
+    record(tensor, b);
+  }
+  void bind_with(uint32_t tensor, Status (*apply)(void*, void*), void* target) override {
+    Binding b;
+    b.apply = apply;
+    b.target = target;
+    record(tensor, b);
+  }
+  void* workspace() const override { return context_.workspace_; }
+  size_t workspace_bytes() const override { return context_.workspace_bytes_; }
+
+ private:
+  void record(uint32_t tensor, Binding b) {
+    const TensorDesc& t = context_.engine_->desc().tensors[tensor];
     switch (t.storage) {
       case StorageKind::kWeight:
         return;
@@ -189,79 +191,37 @@ Status ExecutionContext::prepare_steps() {
         b.offset = t.offset;
         break;
     }
-    bindings_.push_back(b);
-  };
+    context_.bindings_.push_back(b);
+  }
 
-  size_t next_arg = 0;
+  ExecutionContext& context_;
+};
+
+// Each step kind the engine uses makes its per-context state, then each step
+// its executor (step_runtime.h); nothing here knows the kinds.
+Status ExecutionContext::prepare_steps() {
+  const engine::EngineDesc& desc = engine_->desc();
+  for (const StepRuntime* kind : step_runtimes()) {
+    const StepKindPlans* plans = engine_->step_plans(kind->kind);
+    if (plans == nullptr) continue;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<StepKindContext> context,
+                          plans->create_context(*engine_));
+    const size_t id = static_cast<size_t>(kind->kind);
+    if (kind_contexts_.size() <= id) kind_contexts_.resize(id + 1);
+    kind_contexts_[id] = std::move(context);
+  }
+  Binder binder(*this);
+  executors_.resize(desc.steps.size());
   for (size_t i = 0; i < desc.steps.size(); ++i) {
-    const engine::Step& step = desc.steps[i];
-    if (step.kind == StepKind::kKernel) {
-      const KernelPlan& plan = engine_->kernel_plan(i);
-      KernelCall& call = kernel_calls_[i];
-      call.func = reinterpret_cast<const void*>(plan.kernel);
-      call.grid = plan.grid;
-      call.block = plan.block;
-      call.shared_bytes = plan.shared_bytes;
-      call.args = step.kernel.args.empty() ? nullptr : &arg_pointers_[next_arg];
-      for (const engine::KernelArg& arg : step.kernel.args) {
-        ArgSlot& slot = arg_slots_[next_arg];
-        switch (arg.kind) {
-          case KernelArgKind::kTensor:
-            slot.ptr = tensor_address(arg.tensor);
-            bind(arg.tensor, &slot.ptr, nullptr);
-            break;
-          case KernelArgKind::kInt64:
-            slot.i64 = arg.i64;
-            break;
-          case KernelArgKind::kFloat32:
-            slot.f32 = arg.f32;
-            break;
-        }
-        arg_pointers_[next_arg] = &slot;
-        ++next_arg;
-      }
-    } else if (step.kind == StepKind::kConv) {
-      const engine::ConvStep& c = step.conv;
-      ConvCall& call = conv_calls_[i];
-      call.plan = &engine_->conv_plan(i);
-      // Bindings store void**; the read-only operands are kept as const void*.
-      auto set = [&](uint32_t tensor, const void** slot) {
-        if (tensor == engine::kNoTensor) return;
-        *slot = tensor_address(tensor);
-        bind(tensor, const_cast<void**>(slot), nullptr);
-      };
-      set(c.x, &call.ops.x);
-      set(c.w, &call.ops.w);
-      set(c.bias, &call.ops.bias);
-      set(c.z, &call.ops.z);
-      call.ops.out = tensor_address(c.out);
-      bind(c.out, &call.ops.out, nullptr);
-    } else {
-      const engine::GemmStep& g = step.gemm;
-      const GemmPlan& plan = engine_->gemm_plan(i);
-      GemmCall& call = gemm_calls_[i];
-      call.plan = &plan;
-      call.op = plan.op;
-      if (!plan.op_has_bias) {
-        // The bias lives in this context's memory: give the step a descriptor
-        // of its own that points at it.
-        Result<cublasLtMatmulDesc_t> op = engine_->create_matmul_desc(i, tensor_address(g.bias));
-        if (!op.is_ok()) return op.status().with_context(step_label(desc, i));
-        owned_ops_.push_back(op.value());
-        call.op = op.value();
-        bind(g.bias, nullptr, call.op);
-      }
-      call.a = tensor_address(g.b);
-      call.b = tensor_address(g.a);
-      call.d = tensor_address(g.out);
-      bind(g.b, &call.a, nullptr);
-      bind(g.a, &call.b, nullptr);
-      bind(g.out, &call.d, nullptr);
-      // Without c, C aliases D and beta is 0, so C is never read.
-      const uint32_t c = g.c != engine::kNoTensor ? g.c : g.out;
-      call.c = tensor_address(c);
-      bind(c, &call.c, nullptr);
-    }
+    const size_t id = static_cast<size_t>(desc.steps[i].kind);
+    // Engine::load made plans for the kind of every step.
+    StepKindContext* context = id < kind_contexts_.size() ? kind_contexts_[id].get() : nullptr;
+    if (context == nullptr)
+      return make_status(StatusCode::kInternal, "%s: no plans for its step kind %zu",
+                         step_label(desc, i).c_str(), id);
+    Result<std::unique_ptr<StepExecutor>> executor = context->make_executor(i, binder);
+    if (!executor.is_ok()) return executor.status();
+    executors_[i] = std::move(executor).value();
   }
   return Status::ok();
 }
@@ -298,39 +258,11 @@ Status ExecutionContext::rebind(void* arena, const IoBuffer* inputs, const IoBuf
         break;
     }
     void* address = base + b.offset;
-    if (b.slot != nullptr) {
+    if (b.slot != nullptr)
       *b.slot = address;
-    } else {
-      KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-          b.bias_op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &address, sizeof(address)));
-    }
+    else
+      KILN_RETURN_IF_ERROR(b.apply(b.target, address));
   }
-  return Status::ok();
-}
-
-Status ExecutionContext::run_step(size_t step, cudaStream_t stream) {
-  if (engine_->desc().steps[step].kind == StepKind::kKernel) {
-    const KernelCall& call = kernel_calls_[step];
-    KILN_CUDA_RETURN_IF_ERROR(cudaLaunchKernel(call.func, call.grid, call.block, call.args,
-                                               call.shared_bytes, stream));
-    KILN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return Status::ok();
-  }
-  if (engine_->desc().steps[step].kind == StepKind::kConv) {
-    if (!cudnn_stream_set_ || cudnn_stream_ != stream) {
-      KILN_CUDNN_RETURN_IF_ERROR(cudnnSetStream(cudnn_, stream));
-      cudnn_stream_ = stream;
-      cudnn_stream_set_ = true;
-    }
-    const ConvCall& call = conv_calls_[step];
-    return enqueue_conv(cudnn_, *call.plan, call.ops, workspace_, call.plan->workspace_bytes);
-  }
-  const GemmCall& call = gemm_calls_[step];
-  const GemmPlan& plan = *call.plan;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
-      engine_->cublas(), call.op, &plan.alpha, call.a, plan.layout_a, call.b, plan.layout_b,
-      &plan.beta, call.c, plan.c_layout(), call.d, plan.layout_d, &plan.algo, workspace_,
-      workspace_bytes_, stream));
   return Status::ok();
 }
 
@@ -346,7 +278,7 @@ Status ExecutionContext::run(cudaStream_t stream) {
   }
   for (size_t i = 0; i < n; ++i) {
     if (profile) KILN_RETURN_IF_ERROR(profiler_.mark(i, stream));
-    Status status = run_step(i, stream);
+    Status status = executors_[i]->run(stream);
     if (!status.is_ok()) {
       if (profile) (void)profiler_.finish_run();  // releases the held stream
       return status.with_context(step_label(engine_->desc(), i));

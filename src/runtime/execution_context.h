@@ -10,9 +10,7 @@
 // Engine concurrently.
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
-#include <cudnn.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +23,7 @@
 #include "runtime/cuda_graph.h"
 #include "runtime/engine.h"
 #include "runtime/step_profiler.h"
+#include "runtime/step_runtime.h"
 #include "runtime/shared_scratch.h"
 
 namespace kiln::runtime {
@@ -105,47 +104,23 @@ class ExecutionContext {
   size_t device_bytes() const { return device_bytes_; }
 
  private:
-  // One kernel parameter, passed by value from here.
-  union ArgSlot {
-    void* ptr;
-    int64_t i64;
-    float f32;
-  };
-  struct KernelCall {
-    const void* func = nullptr;
-    dim3 grid;
-    dim3 block;
-    uint32_t shared_bytes = 0;
-    void** args = nullptr;  // into arg_pointers_
-  };
-  struct GemmCall {
-    const GemmPlan* plan = nullptr;
-    cublasLtMatmulDesc_t op = nullptr;  // the engine's, or one in owned_ops_
-    void* a = nullptr;                  // cuBLASLt A (GemmStep::b)
-    void* b = nullptr;                  // cuBLASLt B (GemmStep::a)
-    void* c = nullptr;
-    void* d = nullptr;
-  };
-  struct ConvCall {
-    const ConvPlan* plan = nullptr;
-    ConvOperands ops;  // the pointers are rebound like a GEMM's
-  };
+  class Binder;  // the StepBinder handed to the step kinds (execution_context.cpp)
   // An address that depends on where an input, output or the arena lives:
-  // rebind() rewrites `*slot` (or the bias of `bias_op`) when that moves.
+  // rebind() rewrites `*slot` (or calls apply(target, address)) when that moves.
   enum class Base : uint8_t { kInput, kOutput, kArena };
   struct Binding {
     Base base = Base::kArena;
     uint32_t index = 0;
     uint64_t offset = 0;
-    void** slot = nullptr;                   // a kernel argument or GemmCall field
-    cublasLtMatmulDesc_t bias_op = nullptr;  // else: this descriptor's bias pointer
+    void** slot = nullptr;  // an executor's pointer field
+    Status (*apply)(void* target, void* address) = nullptr;  // else: this hook
+    void* target = nullptr;
   };
 
   ExecutionContext(std::shared_ptr<const Engine> engine, ContextOptions options);
   Status allocate_buffers();
   Status prepare_steps();
   void* tensor_address(uint32_t tensor);  // records a Binding for movable tensors
-  Status run_step(size_t step, cudaStream_t stream);
   Status check_io(const IoBuffer* io, bool inputs) const;
   // Points every binding at `arena` and the given input/output addresses.
   Status rebind(void* arena, const IoBuffer* inputs, const IoBuffer* outputs);
@@ -165,17 +140,11 @@ class ExecutionContext {
   std::vector<void*> output_device_;
   std::vector<void*> input_pinned_;
   std::vector<void*> output_pinned_;
-  std::vector<ArgSlot> arg_slots_;      // every kernel step's arguments, in order
-  std::vector<void*> arg_pointers_;     // arg_pointers_[j] == &arg_slots_[j]
-  std::vector<KernelCall> kernel_calls_;  // per step
-  std::vector<GemmCall> gemm_calls_;      // per step
-  std::vector<ConvCall> conv_calls_;      // per step
-  // One cuDNN handle per context (a handle must not be used by two threads
-  // at once); bound to the stream of the current run when it changes.
-  cudnnHandle_t cudnn_ = nullptr;
-  cudaStream_t cudnn_stream_ = nullptr;
-  bool cudnn_stream_set_ = false;
-  std::vector<cublasLtMatmulDesc_t> owned_ops_;
+  // Step kinds (step_runtime.h): per-context state of each kind the engine
+  // uses (indexed by StepKind id), then one executor per step. Destroyed
+  // executors first.
+  std::vector<std::unique_ptr<StepKindContext>> kind_contexts_;
+  std::vector<std::unique_ptr<StepExecutor>> executors_;
   std::vector<Binding> bindings_;
   // Where the bindings point now (device addresses actually used by the steps).
   void* bound_arena_ = nullptr;

@@ -46,7 +46,7 @@ struct GemmPlan {
   float beta = 0.0f;  // 0 unless the step has a c operand
   // False when the bias is not a weight (its address differs per context):
   // `op` then carries a placeholder with the same alignment and each context
-  // makes its own descriptor with create_matmul_desc().
+  // makes its own descriptor with make_matmul_desc() (steps/gemm_step_exec.cpp).
   bool op_has_bias = true;
   std::string key;  // the algorithm cache key, for messages
 

@@ -1,5 +1,5 @@
-// Borrowed GPU resources for load-time algorithm searches (engine_conv.cpp,
-// engine_gemm.cpp): a private non-blocking stream and zeroed scratch buffers
+// Borrowed GPU resources for load-time algorithm searches (steps/conv_step_exec.cpp,
+// steps/gemm_step_exec.cpp): a private non-blocking stream and zeroed scratch buffers
 // on which candidates run. Freed with the object, on every path out of the
 // search; never used on the execute path.
 #pragma once

@@ -7,30 +7,16 @@
 #include <numeric>
 #include <string>
 
+#include "engine_format/step_format.h"
 #include "runtime/cuda_check.h"
 
 namespace kiln::runtime {
 namespace {
 
+// The kind's own one-line summary (engine_format/step_format.h).
 std::string describe(const engine::EngineDesc& desc, size_t i) {
   const engine::Step& s = desc.steps[i];
-  char text[192];
-  if (s.kind == engine::StepKind::kConv) {
-    const engine::ConvStep& c = s.conv;
-    std::snprintf(text, sizeof(text), "conv %s %lldx%lldx%lldx%lld -> %lld, %lldx%lld s%lld g%lld",
-                  engine::dtype_name(desc.tensors[c.x].dtype), static_cast<long long>(c.n),
-                  static_cast<long long>(c.h), static_cast<long long>(c.w_in), static_cast<long long>(c.c),
-                  static_cast<long long>(c.k), static_cast<long long>(c.r), static_cast<long long>(c.s),
-                  static_cast<long long>(c.stride_h), static_cast<long long>(c.groups));
-  } else if (s.kind == engine::StepKind::kGemm) {
-    const engine::GemmStep& g = s.gemm;
-    std::snprintf(text, sizeof(text), "gemm m=%lld n=%lld k=%lld batch=%lld", static_cast<long long>(g.m),
-                  static_cast<long long>(g.n), static_cast<long long>(g.k), static_cast<long long>(g.batch));
-  } else {
-    std::snprintf(text, sizeof(text), "kernel %s grid=%ux%u block=%ux%u", s.kernel.function.c_str(),
-                  s.kernel.grid[0], s.kernel.grid[1], s.kernel.block[0], s.kernel.block[1]);
-  }
-  return std::string(text) + " [" + s.label + "]";
+  return engine::find_step_format(s.kind)->summary(desc, s) + " [" + s.label + "]";
 }
 
 }  // namespace

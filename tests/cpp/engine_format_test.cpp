@@ -638,6 +638,63 @@ TEST(EngineFormat, ResealedGarbageIsRejectedWithoutCrashing) {
   }
 }
 
+// Meaning checks behind valid checksums: a crafted engine whose numbers no
+// longer fit its tensors is refused naming the step and the field, even with
+// every CRC recomputed.
+TEST(EngineFormat, ResealedTamperedStepsAreRefusedNamingStepAndField) {
+  SEEDED_RNG(rng);
+  const std::vector<uint8_t> b = serialize_ok(make_engine(rng, 64));
+  const SectionSpan steps = find_section(b, L::SectionKind::kSteps);
+  // Steps section (format v3): u32 count; per step u8 kind, str label,
+  // u32 payload size, payload (steps/<kind>_step_format.cpp).
+  const size_t step0 = steps.offset + 4;
+  const size_t gemm = step0 + 1 + 4 + 5 + 4;  // label "addmm"
+  ASSERT_EQ(load_le32(&b[step0 + 1 + 4 + 5]), 94u) << "gemm payload size";
+  const size_t gemm_m = gemm + 5 * 4;
+  const size_t step1 = gemm + 94;
+  const size_t kernel = step1 + 1 + 4 + 4 + 4;  // label "gelu"
+  // module, "gelu_kernel", grid, block, shared_bytes, arg count, 2 tensor args, kind byte
+  const size_t grid = kernel + 4 + 4 + 11;
+  const size_t count_arg = grid + 12 + 12 + 4 + 4 + 2 * (1 + 4) + 1;
+  ASSERT_EQ(load_le64(&b[gemm_m]), 8u);
+  ASSERT_EQ(static_cast<int64_t>(load_le64(&b[count_arg])), -(int64_t{1} << 40) + 256);
+
+  auto expect_refused = [&](std::vector<uint8_t> c, std::initializer_list<const char*> subs) {
+    reseal(c);
+    auto r = parse_exact(c, c.size());
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruptData);
+    for (const char* sub : subs) EXPECT_MESSAGE_HAS(r.status(), sub);
+  };
+  auto c = b;
+  put64(c, gemm_m, 16);  // m doubled: a [8, 64] no longer holds [m, k]
+  expect_refused(c, {"step 0 (gemm 'addmm')", "gemm a tensor 0 'x'", "expected [16, 64]"});
+
+  c = b;
+  put64(c, count_arg, 257);  // one past the 256 elements of its output
+  expect_refused(c, {"step 1 (kernel 'gelu')", "arg 2 count 257",
+                     "256 elements of its output (arg 0, tensor 3 'fc_out')"});
+
+  c = b;
+  put32(c, grid + 4, 65536);  // grid.y above CUDA's limit
+  expect_refused(c, {"step 1 (kernel 'gelu')", "grid dim 1 is 65536"});
+
+  c = b;
+  put32(c, step0 + 1 + 4 + 5, 95);  // payload size no longer matches the gemm fields
+  expect_refused(c, {"step 0"});
+
+  // An engine of the previous format version is refused with a rebuild hint.
+  c = b;
+  put32(c, L::kVersionOffset, kEngineFormatVersion - 1);
+  auto r = parse_exact(c, c.size());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIncompatible);
+  EXPECT_MESSAGE_HAS(r.status(), "engine format version " +
+                                     std::to_string(kEngineFormatVersion - 1));
+  EXPECT_MESSAGE_HAS(r.status(), "rebuild the .pte");
+  EXPECT_MESSAGE_HAS(r.status(), "with this Kiln");
+}
+
 // ---- validate_engine -------------------------------------------------------------
 
 void expect_invalid(const EngineDesc& d, std::initializer_list<const char*> subs) {
@@ -714,6 +771,25 @@ TEST(ValidateEngine, RejectsInconsistentEngines) {
                  {"metadata key 'precision'"});
   expect_invalid(with([](EngineDesc& d) { d.steps[1].kind = static_cast<StepKind>(4); }),
                  {"step 1 'gelu'", "kind 4"});
+  // Meaning checks: counts and extents must fit the tensors they touch.
+  expect_invalid(with([](EngineDesc& d) { d.steps[0].gemm.m = 16; }),
+                 {"step 0 (gemm 'addmm')", "gemm a tensor 0 'x'", "expected [16, 64]"});
+  expect_invalid(with([](EngineDesc& d) { d.steps[1].kernel.args[2].i64 = 257; }),
+                 {"step 1 (kernel 'gelu')", "arg 2 count 257 exceeds the 256 elements"});
+  expect_invalid(with([](EngineDesc& d) { d.steps[1].kernel.args[0].tensor = 1; }),
+                 {"step 1 (kernel 'gelu')", "arg 0 (the output) tensor 1 'fc.weight' is a weight"});
+  expect_invalid(with([](EngineDesc& d) {
+                   d.steps[1].kernel.args[0].kind = KernelArgKind::kFloat32;
+                 }),
+                 {"step 1 (kernel 'gelu')", "arg 0 must be the output tensor"});
+  expect_invalid(with([](EngineDesc& d) { d.steps[1].kernel.grid[2] = 65536; }),
+                 {"step 1", "grid dim 2 is 65536"});
+  expect_invalid(with([](EngineDesc& d) { d.steps[1].kernel.grid[0] = 0x80000000u; }),
+                 {"step 1", "grid dim 0 is 2147483648"});
+  expect_invalid(with([](EngineDesc& d) {
+                   d.steps[0].gemm.bias = 4;
+                 }),
+                 {"step 0 (gemm 'addmm')", "gemm bias tensor 4 'y'"});
 }
 
 TEST(ValidateEngine, SerializeRefusesAnInvalidEngine) {

@@ -18,6 +18,7 @@
 #include "runtime/device.h"
 #include "runtime/engine.h"
 #include "runtime/execution_context.h"
+#include "runtime/steps/conv_step_exec.h"
 
 namespace kiln::runtime {
 namespace {
@@ -231,8 +232,8 @@ TEST(RuntimeConvGpu, Float32ConvBiasResidualReluMatchesReference) {
     EXPECT_LT(rel_error(out, want), 1e-5) << "run " << run;
   }
   std::printf("conv step: algo %d, %s, workspace %zu bytes, key %s\n",
-              static_cast<int>(eng->conv_plan(0).algo), eng->conv_plan(0).fused ? "fused" : "unfused",
-              eng->conv_plan(0).workspace_bytes, eng->conv_plan(0).key.c_str());
+              static_cast<int>(conv_step_plan(*eng, 0)->algo), conv_step_plan(*eng, 0)->fused ? "fused" : "unfused",
+              conv_step_plan(*eng, 0)->workspace_bytes, conv_step_plan(*eng, 0)->key.c_str());
 }
 
 // out[b] = a[b] @ W (W broadcast, stride 0) through cuBLASLt's strided batch.

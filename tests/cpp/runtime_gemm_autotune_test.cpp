@@ -24,6 +24,7 @@
 #include "runtime/execution_context.h"
 #include "runtime/gemm_algo_key.h"
 #include "runtime/log.h"
+#include "runtime/steps/gemm_step_exec.h"
 
 namespace kiln::runtime {
 namespace {
@@ -306,7 +307,7 @@ void run_two_gemm_engine(double* rel_err, std::string* key, float* load_ms) {
                  .count();
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   std::shared_ptr<const Engine> eng(std::move(loaded).value());
-  *key = eng->gemm_plan(0).key;
+  *key = gemm_step_plan(*eng, 0)->key;
   auto ctx = ExecutionContext::create(eng);
   ASSERT_TRUE(ctx.is_ok()) << ctx.status().to_string();
   const std::vector<float> xv = random_floats(rng, B * M * K);

@@ -1,14 +1,24 @@
-// validate_engine's rules for conv steps (ConvStep in engine_desc.h). Every
-// field comes from a possibly hostile file, so arithmetic is overflow-checked
-// and nothing is indexed before its range is known; the runtime then hands
-// the extents to cuDNN without further checks.
+// Conv steps (ConvStep in engine_desc.h), format side: payload codec,
+// validator, inspect fields and one-line summary. The runtime half is
+// runtime/steps/conv_step_exec.cpp.
+//
+// Payload: u32 x, w, bias, z, out; i64 n, h, w_in, c, k, r, s, p, q, pad_h,
+//          pad_w, stride_h, stride_w, dilation_h, dilation_w, groups;
+//          u8 activation
+//
+// Validation: every field comes from a possibly hostile file, so arithmetic
+// is overflow-checked and nothing is indexed before its range is known; the
+// runtime then hands the extents to cuDNN without further checks.
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_format/byte_io.h"
 #include "engine_format/engine_format.h"
 #include "engine_format/engine_validate_internal.h"
+#include "engine_format/step_format.h"
 
 namespace kiln::engine {
 namespace {
@@ -63,10 +73,49 @@ Status output_extent(const std::string& label, const char* axis, int64_t in, int
   return Status::ok();
 }
 
-}  // namespace
+const char* activation_name(ConvActivation activation) {
+  switch (activation) {
+    case ConvActivation::kNone: return "none";
+    case ConvActivation::kRelu: return "relu";
+  }
+  return "unknown";
+}
 
-Status check_conv(const EngineDesc& desc, uint32_t step, const std::string& label) {
-  const ConvStep& c = desc.steps[step].conv;
+void write(const Step& s, ByteWriter* w) {
+  const ConvStep& c = s.conv;
+  for (uint32_t t : {c.x, c.w, c.bias, c.z, c.out}) w->put_u32(t);
+  for (int64_t v : {c.n, c.h, c.w_in, c.c, c.k, c.r, c.s, c.p, c.q, c.pad_h, c.pad_w,
+                    c.stride_h, c.stride_w, c.dilation_h, c.dilation_w, c.groups})
+    w->put_i64(v);
+  w->put_u8(static_cast<uint8_t>(c.activation));
+}
+
+Status read(ByteReader& r, uint32_t i, Step* s) {
+  ConvStep* c = &s->conv;
+  const std::pair<const char*, uint32_t*> tensors[] = {
+      {"x", &c->x}, {"w", &c->w}, {"bias", &c->bias}, {"z", &c->z}, {"out", &c->out}};
+  for (const auto& t : tensors)
+    KILN_READ_OR_RETURN(r.read_u32(t.second), "step %u conv %s", i, t.first);
+  const std::pair<const char*, int64_t*> fields[] = {
+      {"n", &c->n},           {"h", &c->h},           {"w_in", &c->w_in},
+      {"c", &c->c},           {"k", &c->k},           {"r", &c->r},
+      {"s", &c->s},           {"p", &c->p},           {"q", &c->q},
+      {"pad_h", &c->pad_h},   {"pad_w", &c->pad_w},   {"stride_h", &c->stride_h},
+      {"stride_w", &c->stride_w}, {"dilation_h", &c->dilation_h},
+      {"dilation_w", &c->dilation_w}, {"groups", &c->groups}};
+  for (const auto& f : fields)
+    KILN_READ_OR_RETURN(r.read_i64(f.second), "step %u conv %s", i, f.first);
+  uint8_t activation = 0;
+  KILN_READ_OR_RETURN(r.read_u8(&activation), "step %u conv activation", i);
+  // Range-checked by validate, like the GEMM epilogue.
+  c->activation = static_cast<ConvActivation>(activation);
+  return Status::ok();
+}
+
+Status validate(const StepCheck& check) {
+  const EngineDesc& desc = check.desc();
+  const std::string& label = check.label();
+  const ConvStep& c = check.step().conv;
   const char* l = label.c_str();
   if (static_cast<uint8_t>(c.activation) > static_cast<uint8_t>(ConvActivation::kRelu))
     return invalid("%s: conv activation %u out of range", l,
@@ -159,5 +208,60 @@ Status check_conv(const EngineDesc& desc, uint32_t step, const std::string& labe
                    l, c.z, c.out);
   return Status::ok();
 }
+
+// "8x56x56x64 -> 8x56x56x128, 3x3 s1x1 p1x1 d1x1 g1 +bias +z relu": one line
+// for `kiln inspect`, so the Python side needs no conv-specific formatting.
+std::string inspect_summary(const ConvStep& c) {
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "%lldx%lldx%lldx%lld -> %lldx%lldx%lldx%lld (NHWC), %lldx%lld s%lldx%lld "
+                "p%lldx%lld d%lldx%lld g%lld%s%s %s",
+                static_cast<long long>(c.n), static_cast<long long>(c.h),
+                static_cast<long long>(c.w_in), static_cast<long long>(c.c),
+                static_cast<long long>(c.n), static_cast<long long>(c.p),
+                static_cast<long long>(c.q), static_cast<long long>(c.k),
+                static_cast<long long>(c.r), static_cast<long long>(c.s),
+                static_cast<long long>(c.stride_h), static_cast<long long>(c.stride_w),
+                static_cast<long long>(c.pad_h), static_cast<long long>(c.pad_w),
+                static_cast<long long>(c.dilation_h), static_cast<long long>(c.dilation_w),
+                static_cast<long long>(c.groups), c.bias != kNoTensor ? " +bias" : "",
+                c.z != kNoTensor ? " +z" : "", activation_name(c.activation));
+  return text;
+}
+
+void describe(const Step& s, StepFieldSink& out) {
+  const ConvStep& c = s.conv;
+  out.text("summary", inspect_summary(c));
+  out.integers("input_shape", {c.n, c.h, c.w_in, c.c});
+  out.integers("output_shape", {c.n, c.p, c.q, c.k});
+  out.integers("filter", {c.r, c.s});
+  out.integers("stride", {c.stride_h, c.stride_w});
+  out.integers("padding", {c.pad_h, c.pad_w});
+  out.integers("dilation", {c.dilation_h, c.dilation_w});
+  out.integer("groups", c.groups);
+  out.text("activation", activation_name(c.activation));
+  out.tensor("x", c.x);
+  out.tensor("w", c.w);
+  out.tensor("bias", c.bias);
+  out.tensor("z", c.z);
+  out.tensor("out", c.out);
+}
+
+std::string summary(const EngineDesc& desc, const Step& s) {
+  const ConvStep& c = s.conv;
+  char text[192];
+  std::snprintf(text, sizeof(text), "conv %s %lldx%lldx%lldx%lld -> %lld, %lldx%lld s%lld g%lld",
+                dtype_name(desc.tensors[c.x].dtype), static_cast<long long>(c.n),
+                static_cast<long long>(c.h), static_cast<long long>(c.w_in),
+                static_cast<long long>(c.c), static_cast<long long>(c.k),
+                static_cast<long long>(c.r), static_cast<long long>(c.s),
+                static_cast<long long>(c.stride_h), static_cast<long long>(c.groups));
+  return text;
+}
+
+}  // namespace
+
+extern const StepFormat kConvStepFormat = {StepKind::kConv, "conv", write, read, validate,
+                                           describe, summary};
 
 }  // namespace kiln::engine

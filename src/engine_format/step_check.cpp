@@ -1,0 +1,62 @@
+// StepCheck: the shared measuring helpers step validators use
+// (steps/<kind>_step_format.cpp). Arithmetic is overflow-checked: every
+// number may come from a hostile file.
+#include <string>
+
+#include "engine_format/byte_io.h"
+#include "engine_format/engine_validate_internal.h"
+#include "engine_format/step_format.h"
+
+namespace kiln::engine {
+
+std::string StepCheck::tensor_label(uint32_t t) const {
+  return "tensor " + std::to_string(t) + " '" + desc_.tensors[t].name + "'";
+}
+
+Status StepCheck::tensor_ref(const char* role, uint32_t index) const {
+  if (index >= desc_.tensors.size())
+    return invalid("%s: %s tensor %u out of range (engine has %zu tensors)", label_.c_str(), role,
+                   index, desc_.tensors.size());
+  return Status::ok();
+}
+
+Status StepCheck::matrix(const char* role, uint32_t index, int64_t rows, int64_t cols,
+                         bool check_last_dim) const {
+  int64_t expected = 0;
+  if (!checked_mul(rows, cols, &expected))
+    return invalid("%s: %s element count overflows int64", label_.c_str(), role);
+  const TensorDesc& t = desc_.tensors[index];
+  bool last_ok = !check_last_dim || t.shape.empty() || t.shape.back() == cols;
+  if (numel_[index] != expected || !last_ok)
+    return invalid("%s: %s %s has %lld elements (last dim %lld), expected [%lld, %lld]",
+                   label_.c_str(), role, tensor_label(index).c_str(),
+                   static_cast<long long>(numel_[index]),
+                   static_cast<long long>(t.shape.empty() ? 1 : t.shape.back()),
+                   static_cast<long long>(rows), static_cast<long long>(cols));
+  return Status::ok();
+}
+
+Status StepCheck::batched_matrix(const char* role, uint32_t index, int64_t rows, int64_t cols,
+                                 int64_t batch, int64_t stride) const {
+  if (batch == 1) return matrix(role, index, rows, cols, true);
+  int64_t one = 0, offset = 0, span = 0;
+  if (!checked_mul(rows, cols, &one) || !checked_mul(batch - 1, stride, &offset) ||
+      __builtin_add_overflow(offset, one, &span))
+    return invalid("%s: %s extent (batch %lld, stride %lld) overflows int64", label_.c_str(),
+                   role, static_cast<long long>(batch), static_cast<long long>(stride));
+  const TensorDesc& t = desc_.tensors[index];
+  if (span > numel_[index])
+    return invalid("%s: %s %s has %lld elements, but %lld matrices of [%lld, %lld] %lld "
+                   "elements apart reach %lld",
+                   label_.c_str(), role, tensor_label(index).c_str(),
+                   static_cast<long long>(numel_[index]), static_cast<long long>(batch),
+                   static_cast<long long>(rows), static_cast<long long>(cols),
+                   static_cast<long long>(stride), static_cast<long long>(span));
+  if (!t.shape.empty() && t.shape.back() != cols)
+    return invalid("%s: %s %s has last dim %lld, expected %lld", label_.c_str(), role,
+                   tensor_label(index).c_str(), static_cast<long long>(t.shape.back()),
+                   static_cast<long long>(cols));
+  return Status::ok();
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,317 @@
+// Generated-kernel steps, run side: at load, every kernel module is loaded
+// (cubin for this SM, else PTX) and every kernel step's function resolved and
+// checked against the GPU; per context, each step's parameter array is built
+// once and launched with cudaLaunchKernel. The format half is
+// engine_format/steps/kernel_step_format.cpp.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/cuda_check.h"
+#include "runtime/engine.h"
+#include "runtime/step_runtime.h"
+
+namespace kiln::runtime {
+namespace {
+
+using engine::KernelArgKind;
+using engine::KernelModule;
+using engine::StepKind;
+
+// "sm_87, sm_90 (PTX compute_90)": what a module carries, for error messages.
+std::string describe_code(const KernelModule& m) {
+  std::string text;
+  for (const auto& cubin : m.cubins) {
+    if (!text.empty()) text += ", ";
+    text += "sm_" + std::to_string(cubin.sm);
+  }
+  if (text.empty()) text = "no SM";
+  if (m.ptx.empty())
+    text += " (no PTX)";
+  else
+    text += " (PTX compute_" + std::to_string(m.ptx_sm) + ")";
+  return text;
+}
+
+size_t kernel_arg_bytes(KernelArgKind kind) {
+  switch (kind) {
+    case KernelArgKind::kTensor:
+      return sizeof(void*);
+    case KernelArgKind::kInt64:
+      return sizeof(int64_t);
+    case KernelArgKind::kFloat32:
+      return sizeof(float);
+  }
+  return 0;
+}
+
+const char* kernel_arg_name(KernelArgKind kind) {
+  switch (kind) {
+    case KernelArgKind::kTensor:
+      return "pointer";
+    case KernelArgKind::kInt64:
+      return "int64";
+    case KernelArgKind::kFloat32:
+      return "float32";
+  }
+  return "?";
+}
+
+// A kernel step resolved at load: the handle stays valid for the Engine's life.
+struct KernelPlan {
+  cudaKernel_t kernel = nullptr;
+  dim3 grid;
+  dim3 block;
+  uint32_t shared_bytes = 0;  // dynamic shared memory
+};
+
+// One kernel parameter, passed by value from here.
+union ArgSlot {
+  void* ptr;
+  int64_t i64;
+  float f32;
+};
+
+class KernelExecutor : public StepExecutor {
+ public:
+  KernelExecutor(const KernelPlan& plan, size_t args)
+      : plan_(plan), slots_(args, ArgSlot{nullptr}), pointers_(args, nullptr) {
+    for (size_t j = 0; j < args; ++j) pointers_[j] = &slots_[j];
+  }
+  // Sized once in the constructor: the bindings point into slots_.
+  ArgSlot& slot(size_t j) { return slots_[j]; }
+
+  Status run(cudaStream_t stream) override {
+    KILN_CUDA_RETURN_IF_ERROR(cudaLaunchKernel(reinterpret_cast<const void*>(plan_.kernel),
+                                               plan_.grid, plan_.block,
+                                               pointers_.empty() ? nullptr : pointers_.data(),
+                                               plan_.shared_bytes, stream));
+    KILN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return Status::ok();
+  }
+
+ private:
+  const KernelPlan& plan_;
+  std::vector<ArgSlot> slots_;
+  std::vector<void*> pointers_;  // pointers_[j] == &slots_[j]
+};
+
+class KernelPlans;
+
+class KernelContext : public StepKindContext {
+ public:
+  KernelContext(const KernelPlans& plans, const Engine& engine) : plans_(plans), engine_(engine) {}
+  Result<std::unique_ptr<StepExecutor>> make_executor(size_t step, StepBinder& binder) override;
+
+ private:
+  const KernelPlans& plans_;
+  const Engine& engine_;
+};
+
+class KernelPlans : public StepKindPlans {
+ public:
+  ~KernelPlans() override {
+    for (cudaLibrary_t lib : libraries) (void)cudaLibraryUnload(lib);
+    (void)cudaGetLastError();
+  }
+  Result<std::unique_ptr<StepKindContext>> create_context(const Engine& engine) const override {
+    return Result<std::unique_ptr<StepKindContext>>(
+        std::make_unique<KernelContext>(*this, engine));
+  }
+
+  std::vector<cudaLibrary_t> libraries;  // one per module
+  std::vector<KernelPlan> plans;         // per step (kernel steps only)
+};
+
+Result<std::unique_ptr<StepExecutor>> KernelContext::make_executor(size_t step,
+                                                                   StepBinder& binder) {
+  const engine::KernelStep& ks = engine_.desc().steps[step].kernel;
+  auto executor = std::make_unique<KernelExecutor>(plans_.plans[step], ks.args.size());
+  for (size_t j = 0; j < ks.args.size(); ++j) {
+    const engine::KernelArg& arg = ks.args[j];
+    ArgSlot& slot = executor->slot(j);
+    switch (arg.kind) {
+      case KernelArgKind::kTensor:
+        binder.bind(arg.tensor, &slot.ptr);
+        break;
+      case KernelArgKind::kInt64:
+        slot.i64 = arg.i64;
+        break;
+      case KernelArgKind::kFloat32:
+        slot.f32 = arg.f32;
+        break;
+    }
+  }
+  return Result<std::unique_ptr<StepExecutor>>(std::move(executor));
+}
+
+Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, KernelPlans* out) {
+  const uint32_t sm = static_cast<uint32_t>(device.sm);
+  out->libraries.reserve(desc.modules.size());
+  for (const KernelModule& m : desc.modules) {
+    const void* image = nullptr;
+    std::string which;
+    for (const auto& cubin : m.cubins) {
+      if (cubin.sm == sm) {
+        image = cubin.image.data();
+        which = "cubin sm_" + std::to_string(sm);
+      }
+    }
+    if (image == nullptr && !m.ptx.empty() && m.ptx_sm <= sm) {
+      image = m.ptx.c_str();  // NUL-terminated, as the loader requires
+      which = "PTX compute_" + std::to_string(m.ptx_sm);
+    }
+    if (image == nullptr)
+      return make_status(StatusCode::kIncompatible,
+                         "engine module '%s' has code for %s; this GPU is sm_%u", m.name.c_str(),
+                         describe_code(m).c_str(), sm);
+
+    // The JIT's error log says why PTX failed to compile; keep it for the message.
+    // Only passed for PTX: a cubin involves no compiler.
+    const bool from_ptx = image == static_cast<const void*>(m.ptx.c_str());
+    char error_log[2048] = {0};
+    cudaJitOption options[] = {cudaJitErrorLogBuffer, cudaJitErrorLogBufferSizeBytes};
+    void* option_values[] = {error_log,
+                             reinterpret_cast<void*>(static_cast<uintptr_t>(sizeof(error_log)))};
+    cudaLibrary_t library = nullptr;
+    cudaError_t error =
+        cudaLibraryLoadData(&library, image, from_ptx ? options : nullptr,
+                            from_ptx ? option_values : nullptr, from_ptx ? 2 : 0, nullptr,
+                            nullptr, 0);
+    if (error != cudaSuccess) {
+      error_log[sizeof(error_log) - 1] = '\0';
+      Status status = cuda_error_status(error, "cudaLibraryLoadData", __FILE__, __LINE__);
+      std::string context = "loading engine module '" + m.name + "' (" + which + ")";
+      if (error_log[0] != '\0') context += " [JIT log: " + std::string(error_log) + "]";
+      return status.with_context(context);
+    }
+    out->libraries.push_back(library);
+  }
+  return Status::ok();
+}
+
+Status resolve_kernels(engine::EngineDesc& desc, const DeviceInfo& device, KernelPlans* out) {
+  // Largest dynamic shared memory each kernel is launched with; kernels that
+  // need more than the default limit are opted in once, to the maximum.
+  std::map<cudaKernel_t, uint32_t> opt_in_bytes;
+  std::set<std::pair<cudaKernel_t, size_t>> probed;  // (kernel, argument count)
+  for (size_t i = 0; i < desc.steps.size(); ++i) {
+    if (desc.steps[i].kind != StepKind::kKernel) continue;
+    const engine::KernelStep& ks = desc.steps[i].kernel;
+    const KernelModule& module = desc.modules[ks.module];
+    const std::string where = step_label(desc, i) + ": kernel '" + ks.function +
+                              "' in module '" + module.name + "'";
+    KernelPlan& plan = out->plans[i];
+    cudaError_t error = cudaLibraryGetKernel(&plan.kernel, out->libraries[ks.module],
+                                             ks.function.c_str());
+    if (error == cudaErrorSymbolNotFound) {
+      (void)cudaGetLastError();
+      // The engine names a function its own module lacks: a broken engine.
+      return make_status(StatusCode::kCorruptData, "%s: no such function in the module",
+                         where.c_str());
+    }
+    if (error != cudaSuccess)
+      return cuda_error_status(error, "cudaLibraryGetKernel", __FILE__, __LINE__)
+          .with_context(where);
+    const void* func = reinterpret_cast<const void*>(plan.kernel);
+
+    // Also forces the kernel onto the GPU now (lazy loading would otherwise
+    // defer JIT and its errors to the first launch).
+    cudaFuncAttributes attr{};
+    error = cudaFuncGetAttributes(&attr, func);
+    if (error != cudaSuccess)
+      return cuda_error_status(error, "cudaFuncGetAttributes", __FILE__, __LINE__)
+          .with_context(where);
+
+    const unsigned long long threads =
+        1ull * ks.block[0] * ks.block[1] * ks.block[2];
+    if (threads > static_cast<unsigned long long>(attr.maxThreadsPerBlock))
+      return make_status(StatusCode::kIncompatible,
+                         "%s: launched with %llu threads per block, but on sm_%d it allows at "
+                         "most %d (%d registers per thread)",
+                         where.c_str(), threads, device.sm, attr.maxThreadsPerBlock,
+                         attr.numRegs);
+    const size_t total_shared = attr.sharedSizeBytes + ks.shared_bytes;
+    if (total_shared > device.max_shared_per_block_optin)
+      return make_status(StatusCode::kIncompatible,
+                         "%s: needs %zu bytes of shared memory (%zu static + %u dynamic); this "
+                         "GPU allows %zu per block",
+                         where.c_str(), total_shared, attr.sharedSizeBytes, ks.shared_bytes,
+                         device.max_shared_per_block_optin);
+    if (ks.shared_bytes > static_cast<uint32_t>(attr.maxDynamicSharedSizeBytes)) {
+      uint32_t& bytes = opt_in_bytes[plan.kernel];
+      bytes = std::max(bytes, ks.shared_bytes);
+    }
+
+    // Check the argument list against the kernel's parameters where the driver
+    // can tell (cudaFuncGetParamInfo needs a 12.4+ driver; skipped otherwise).
+    bool checked = true;
+    for (size_t a = 0; a < ks.args.size() && checked; ++a) {
+      size_t offset = 0, size = 0;
+      if (cudaFuncGetParamInfo(func, a, &offset, &size) != cudaSuccess) {
+        (void)cudaGetLastError();
+        checked = false;
+        break;
+      }
+      const size_t expected = kernel_arg_bytes(ks.args[a].kind);
+      if (size != expected)
+        return make_status(StatusCode::kIncompatible,
+                           "%s: parameter %zu is %zu bytes but the engine passes a %s (%zu bytes)",
+                           where.c_str(), a, size, kernel_arg_name(ks.args[a].kind), expected);
+    }
+    // Probing one past the last argument must fail; the failed call shows up
+    // in compute-sanitizer's API error report, so probe each kernel once.
+    if (checked && probed.insert({plan.kernel, ks.args.size()}).second) {
+      size_t offset = 0, size = 0;
+      if (cudaFuncGetParamInfo(func, ks.args.size(), &offset, &size) == cudaSuccess)
+        return make_status(StatusCode::kIncompatible,
+                           "%s: the kernel takes more than the %zu arguments the engine passes",
+                           where.c_str(), ks.args.size());
+      (void)cudaGetLastError();
+    }
+
+    plan.grid = dim3(ks.grid[0], ks.grid[1], ks.grid[2]);
+    plan.block = dim3(ks.block[0], ks.block[1], ks.block[2]);
+    plan.shared_bytes = ks.shared_bytes;
+  }
+  for (const auto& [kernel, bytes] : opt_in_bytes) {
+    cudaError_t error = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes));
+    if (error != cudaSuccess)
+      return cuda_error_status(error, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)",
+                               __FILE__, __LINE__)
+          .with_context("opting a kernel in to " + std::to_string(bytes) +
+                        " bytes of dynamic shared memory");
+  }
+  // The driver has its own copy of each image now.
+  for (KernelModule& m : desc.modules) {
+    for (auto& cubin : m.cubins) std::vector<uint8_t>().swap(cubin.image);
+    std::string().swap(m.ptx);
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<StepKindPlans>> load(StepLoadEnv& env) {
+  const bool any_kernel =
+      std::any_of(env.desc.steps.begin(), env.desc.steps.end(),
+                  [](const engine::Step& s) { return s.kind == StepKind::kKernel; });
+  if (!any_kernel && env.desc.modules.empty()) return std::unique_ptr<StepKindPlans>();
+  auto plans = std::make_unique<KernelPlans>();
+  plans->plans.resize(env.desc.steps.size());
+  // On failure `plans` is destroyed, which unloads what was loaded so far.
+  KILN_RETURN_IF_ERROR(load_modules(env.desc, env.device, plans.get()));
+  KILN_RETURN_IF_ERROR(resolve_kernels(env.desc, env.device, plans.get()));
+  return std::unique_ptr<StepKindPlans>(std::move(plans));
+}
+
+}  // namespace
+
+extern const StepRuntime kKernelStepRuntime = {StepKind::kKernel, LoadStage::kBeforeWeights,
+                                               load};
+
+}  // namespace kiln::runtime
