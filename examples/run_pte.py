@@ -76,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"run_pte: cannot run Kiln programs on this machine: {e}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    from executorch.runtime import Runtime
+    from executorch.runtime import Runtime, Verification
 
     try:
-        program = Runtime.get().load_program(args.pte)
+        # InternalConsistency (ExecuTorch's Python default, stated so it stays):
+        # every flatbuffer offset is checked, so a damaged file fails here.
+        program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency)
         method = program.load_method(args.method)
     except (RuntimeError, ValueError) as e:
         print(f"run_pte: cannot load '{args.method}' from {args.pte}: {e} "

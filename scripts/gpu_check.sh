@@ -20,8 +20,13 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
 echo "build ok"
+ctest_failed=0
 if [ -x build-gpu/tests/cpp/kiln_engine_format_tests ]; then
-  (cd build-gpu && ctest --output-on-failure -j8 2>&1 | tail -5)
+  # The whole log is kept; a failing test fails this script (the end of the
+  # script checks ctest_failed), it is not hidden behind `| tail`.
+  (cd build-gpu && ctest --output-on-failure -j8) >"$out/ctest.log" 2>&1 || ctest_failed=1
+  tail -5 "$out/ctest.log"
+  [ "$ctest_failed" = 0 ] || { echo "FAIL  GPU ctest (log: $out/ctest.log):"; grep -E "\*\*\*Failed|Exception|Timeout" "$out/ctest.log" | head -20; }
 fi
 vision_args=()
 if [ "${KILN_SKIP_VISION:-0}" != 1 ] && ls "$bundle"/vision_*/manifest_vision.json >/dev/null 2>&1; then
@@ -35,7 +40,7 @@ else
 fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
-  [ "${gpu_tests_failed:-0}" = 0 ]
+  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ]
   exit
 fi
 
@@ -58,4 +63,5 @@ if [ "$app_failed" = 0 ]; then
   /tmp/kiln-app/cpp_module_app "$bundle/models/mlp_fp32.pte" && echo "PASS  installed package: consumer app ran mlp_fp32 on the GPU" ||
     { echo "FAIL  consumer app exit $?"; app_failed=1; }
 fi
-[ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ]
+[ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
+  [ "$ctest_failed" = 0 ]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: sets up if needed (scripts/setup.sh), then runs the C++ unit
-# tests (ctest) and the Python tests (pytest). GPU tests are not here: they
+# tests (ctest), the Python tests (pytest) and the CPU fuzz harness
+# (scripts/fuzz.sh: ASan + UBSan, 20,000 damaged files and engines, about a
+# minute with its build; KILN_SKIP_FUZZ=1 skips it). GPU tests are not here: they
 # run on the GPU machine through scripts/gpu_check.sh and skip elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,4 +12,7 @@ ctest_bin=$($python -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR
 status=0
 "$ctest_bin" --test-dir build --output-on-failure -j2 || status=1
 KILN_REQUIRE_COMPILER=1 $python -m pytest -ra || status=1
+if [ "${KILN_SKIP_FUZZ:-0}" != 1 ]; then
+  bash scripts/fuzz.sh || status=1
+fi
 exit $status

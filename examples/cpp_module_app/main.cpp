@@ -64,6 +64,14 @@ int main(int argc, char** argv) {
   std::printf("KilnBackend: registered, %s\n", gpu ? "CUDA GPU available" : "no usable CUDA GPU");
 
   Module module(argv[1], Module::LoadMode::Mmap);
+  // Verify the whole program before reading it: with ExecuTorch's default
+  // (Minimal) a damaged file can crash the process instead of failing here.
+  if (et::Error error = module.load(et::Program::Verification::InternalConsistency);
+      error != et::Error::Ok) {
+    std::fprintf(stderr, "cpp_module_app: cannot load %s: %s (error 0x%x)\n", argv[1],
+                 et::to_string(error), static_cast<unsigned>(error));
+    return 1;
+  }
   et::Result<et::MethodMeta> meta = module.method_meta(method);
   if (!meta.ok()) {
     std::fprintf(stderr, "cpp_module_app: cannot read method '%s' of %s (error 0x%x)\n", method.c_str(),

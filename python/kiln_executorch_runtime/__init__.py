@@ -5,7 +5,10 @@ delegate ("KilnBackend") in the process's ExecuTorch runtime, so
     from executorch.runtime import Runtime
     program = Runtime.get().load_program("model.pte")
 
-runs Kiln programs with no other step. If the delegate cannot be registered,
+runs Kiln programs with no other step. `load_program` verifies the whole
+program (`verification=Verification.InternalConsistency`, the Python default):
+keep it so, as a damaged file is then refused instead of crashing the process
+(docs/reliability.md). If the delegate cannot be registered,
 the import raises at once a KilnRuntimeError (an ImportError) saying why: no
 GPU or driver (NoCudaGpuError), another ExecuTorch build than the one Kiln was
 built against (ExecuTorchMismatchError), no ExecuTorch (ExecuTorchMissingError),

@@ -26,6 +26,7 @@
 
 #include "device_io.h"
 #include "green_context.h"
+#include "program_check.h"
 #include "runner_flags.h"
 #include "kiln/caller_stream.h"
 #include "tensor_file.h"
@@ -314,9 +315,17 @@ int run(const Options& options) {
   report.memory_known = !options.timing_json.empty() &&
                         kiln::tools::device_memory_used(&report.memory_before_load);
   const auto load_start = std::chrono::steady_clock::now();
+  if (std::string why = kiln::tools::check_delegate_tables_in_file(options.model_path);
+      !why.empty()) {
+    std::fprintf(stderr, "kiln_runner: cannot load program '%s': %s\n",
+                 options.model_path.c_str(), why.c_str());
+    return kExitLoad;
+  }
   Module module(options.model_path, Module::LoadMode::Mmap);
   et::BackendOptions<1> load_option_storage;
-  et::Error error = module.load(kiln_load_options(options, &load_option_storage));
+  // Whole-program verification (program_check.h): a damaged file fails here.
+  et::Error error = module.load(kiln_load_options(options, &load_option_storage),
+                                kiln::tools::kProgramVerification);
   if (error != et::Error::Ok) {
     std::fprintf(stderr, "kiln_runner: cannot load program '%s': %s\n",
                  options.model_path.c_str(), error_name(error).c_str());
@@ -344,6 +353,12 @@ int run(const Options& options) {
   std::printf("method '%s': %zu inputs, %zu outputs, delegates: %s\n", options.method.c_str(),
               meta->num_inputs(), meta->num_outputs(), backends.empty() ? "none" : backends.c_str());
 
+  if (std::string why = kiln::tools::check_planned_memory(*meta, kiln::tools::physical_memory_bytes());
+      !why.empty()) {
+    std::fprintf(stderr, "kiln_runner: cannot load method '%s': %s\n", options.method.c_str(),
+                 why.c_str());
+    return kExitLoad;
+  }
   error = module.load_method(options.method, nullptr, nullptr, &module.backend_options());
   if (error != et::Error::Ok) {
     std::fprintf(stderr, "kiln_runner: cannot load method '%s': %s\n", options.method.c_str(),
