@@ -44,10 +44,15 @@ class StepCheck {
 
   // `index` names a tensor; `role` (e.g. "gemm a") names it in the message.
   Status tensor_ref(const char* role, uint32_t index) const;
-  // numel(tensor) == rows * cols and, when `check_last_dim` and the tensor
-  // has a shape, its last dim is `cols` (row-major [..., cols]).
-  Status matrix(const char* role, uint32_t index, int64_t rows, int64_t cols,
-                bool check_last_dim) const;
+  // numel(tensor) == rows * cols, and the rows fall on the tensor's own
+  // dim boundaries (row_boundary). A matrix operand is the tensor's bytes read
+  // row-major with leading dimension `cols`; the recorded shape is the
+  // storage root's, which a view may reshape ([1, c, 1, 1] read as [1, c]).
+  Status matrix(const char* role, uint32_t index, int64_t rows, int64_t cols) const;
+  // Some trailing dims of the tensor's shape multiply to `cols` (a row of
+  // the matrix is a whole sub-tensor), which catches an operand read with the
+  // wrong orientation or layout.
+  Status row_boundary(const char* role, uint32_t index, int64_t cols) const;
   // `batch` rows x cols matrices `stride` elements apart (0 broadcasts one),
   // every one inside the tensor; batch == 1 is matrix().
   Status batched_matrix(const char* role, uint32_t index, int64_t rows, int64_t cols,

@@ -139,6 +139,21 @@ std::vector<int> GemmPlan::reads() const {
 }
 
 void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  // The engine reads each operand's storage as a row-major matrix (the
+  // storage may have another shape: a [1, c, 1, 1] mean viewed as [1, c]);
+  // the values the plan names must be those matrices.
+  const ir::Graph& graph = ctx.graph();
+  auto expect = [&](int v, const char* role, int64_t rows, int64_t cols) {
+    const ir::Value& value = graph.value(v);
+    const int64_t last = value.shape.empty() ? 1 : value.shape.back();
+    if (value.numel() != batch * rows * cols || last != cols)
+      throw CompileError("internal: gemm " + std::string(role) + " '" + value.name + "' " +
+                         ir::shape_to_string(value.shape) + " is not " + std::to_string(batch) + " x [" +
+                         std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  };
+  if (stride_a != 0 || batch == 1) expect(a, "a", m, k);
+  if (stride_b != 0 || batch == 1) expect(b, "b", b_transposed ? n : k, b_transposed ? k : n);
+  expect(out, "out", m, n);
   step.kind = engine::StepKind::kGemm;
   engine::GemmStep& s = step.gemm;
   s.a = ctx.tensor(a);

@@ -265,7 +265,12 @@ TEST(EngineFormatBatchedGemm, ValidationNamesEachProblem) {
   expect_invalid(with([](EngineDesc& d) { d.steps[1].gemm.stride_a = INT64_MAX; }),
                  {"gemm a extent", "overflows"});
   expect_invalid(with([](EngineDesc& d) { d.tensors[6].shape = {2, 10, 8}; }),
-                 {"gemm out tensor 6 'y'", "last dim 8, expected 5"});
+                 {"gemm out tensor 6 'y'", "does not split into rows of 5"});
+  expect_invalid(with([](EngineDesc& d) {
+                   d.tensors[6].shape = {2, 10, 7};
+                   d.tensors[6].nbytes = 2 * 10 * 7 * 2;  // float16
+                 }),
+                 {"gemm out tensor 6 'y' has 140 elements"});
 }
 
 }  // namespace

@@ -144,7 +144,7 @@ Status validate(const StepCheck& check) {
   else
     KILN_RETURN_IF_ERROR(check.batched_matrix("gemm b", g.b, g.k, g.n, batch, g.stride_b));
   // One bias vector serves every batch entry.
-  if (bias) KILN_RETURN_IF_ERROR(check.matrix("gemm bias", g.bias, 1, g.n, true));
+  if (bias) KILN_RETURN_IF_ERROR(check.matrix("gemm bias", g.bias, 1, g.n));
   if (g.c != kNoTensor)
     KILN_RETURN_IF_ERROR(check.batched_matrix("gemm c", g.c, g.m, g.n, batch, g.stride_c));
 
