@@ -2,6 +2,7 @@
 Kiln into DIR, with weights and DIR/manifest_ops.json for run_gpu_tests.py."""
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ def main():
                          "inputs": [[list(t.shape), str(dtype).replace("torch.", "")] for t in inputs],
                          "delegates": compiled.delegates})
     manifest += export_conv_cases(args.out)
+    manifest += export_op_family_cases(args.out)
     manifest.append(export_device_resident(args.out))
     (args.out / "manifest_ops.json").write_text(json.dumps(manifest, indent=1))
 
@@ -68,6 +70,39 @@ def export_conv_cases(out: Path) -> list:
                             "rtol": rtol,
                             "inputs": [[list(t.shape), dname] for t in inputs],
                             "delegates": compiled.delegates})
+    return entries
+
+
+def export_op_family_cases(out: Path) -> list:
+    """The op families' conformance modules (tests/gpu/conformance_<family>.py,
+    each with CASES = {factory name: [input shapes]} and FACTORIES), in
+    float32, float16 and bfloat16. Every op must be taken by Kiln. The GPU
+    reference runs the float32 model on the same inputs and rounds to the
+    dtype, so the tolerance measures Kiln's error alone."""
+    entries = []
+    for path in sorted(Path(__file__).parent.glob("conformance_*.py")):
+        module_name = path.stem
+        if module_name == "conformance_models":
+            continue
+        module = importlib.import_module(module_name)
+        for factory, shapes in module.CASES.items():
+            for dtype, rtol in ((torch.float32, 1e-5), (torch.float16, 1e-2), (torch.bfloat16, 1e-2)):
+                dname = str(dtype).replace("torch.", "")
+                name = f"{module_name.removeprefix('conformance_')}_{factory.lower()}_{dname}"
+                model = module.FACTORIES[factory]().to(dtype).eval()
+                inputs = tuple(torch.randn(shape, dtype=dtype) for shape in shapes)
+                compiled = kiln.compile(torch.export.export(model, inputs), arg_inputs=inputs,
+                                        enabled_precisions={dtype})
+                if compiled.summary.ops_on_cpu or set(compiled.delegates) != {"KilnBackend"}:
+                    raise SystemExit(f"{name}: ops left to the CPU: {compiled.summary.ops_on_cpu}")
+                kiln.save(compiled, out / f"{name}.pte")
+                torch.save(model.float().state_dict(), out / f"{name}.state_dict.pt")
+                entries.append({"name": name, "pte": f"{name}.pte", "state_dict": f"{name}.state_dict.pt",
+                                "module": module_name, "factory": factory, "model_dtype": dname,
+                                "reference_dtype": "float32", "rtol": rtol,
+                                "inputs": [[list(t.shape), dname] for t in inputs],
+                                "delegates": compiled.delegates})
+                print(f"{name}: {len(compiled.delegates)} engine(s)", flush=True)
     return entries
 
 

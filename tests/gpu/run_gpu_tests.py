@@ -88,15 +88,20 @@ def run_trial(entry, pte, reference, runner, work, log, trial, rtol, run_args):
 def check_model(entry, models_dir, runner, work, log, trials):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    module = MODULES[entry.get("module", "sample_models")]
+    name = entry.get("module", "sample_models")
+    module = MODULES[name] if name in MODULES else importlib.import_module(name)  # conformance_<family>
     model = module.FACTORIES[entry["factory"]](**entry.get("kwargs", {}))
     model.load_state_dict(torch.load(models_dir / entry["state_dict"], map_location="cpu"))
     dtype = DTYPES[entry["model_dtype"]]
-    model = model.to(dtype).cuda().eval()
+    # reference_dtype float32: PyTorch computes in float32 and rounds to the
+    # dtype, so a float16/bfloat16 tolerance measures Kiln's error alone.
+    exact = entry.get("reference_dtype") == "float32"
+    model = model.to(torch.float32 if exact else dtype).cuda().eval()
 
     def reference(inputs):
-        expected = model(*inputs)
-        return ([expected] if isinstance(expected, torch.Tensor) else list(expected)), []
+        expected = model(*[t.float() for t in inputs]) if exact else model(*inputs)
+        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+        return [t.to(dtype) for t in expected], []
 
     results = []
     for trial in range(trials):
