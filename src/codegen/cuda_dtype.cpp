@@ -11,6 +11,7 @@ const char* storage_type(engine::DType d) {
     case engine::DType::kFloat32: return "float";
     case engine::DType::kFloat16:
     case engine::DType::kBFloat16: return "unsigned short";
+    case engine::DType::kBool: return "unsigned char";  // torch.bool: one byte, 0 or 1
     default: throw CompileError(std::string("elementwise kernels do not handle ") + engine::dtype_name(d));
   }
 }
@@ -20,6 +21,7 @@ std::string load_expr(engine::DType d, const std::string& ref) {
     case engine::DType::kFloat32: return ref;
     case engine::DType::kFloat16: return "kiln_ld_f16(" + ref + ")";
     case engine::DType::kBFloat16: return "kiln_ld_bf16(" + ref + ")";
+    case engine::DType::kBool: return "((" + ref + ") ? 1.0f : 0.0f)";
     default: throw CompileError("unsupported load dtype");
   }
 }
@@ -29,6 +31,7 @@ std::string store_expr(engine::DType d, const std::string& value) {
     case engine::DType::kFloat32: return value;
     case engine::DType::kFloat16: return "kiln_st_f16(" + value + ")";
     case engine::DType::kBFloat16: return "kiln_st_bf16(" + value + ")";
+    case engine::DType::kBool: return "(unsigned char)((" + value + ") != 0.0f)";
     default: throw CompileError("unsupported store dtype");
   }
 }

@@ -13,11 +13,12 @@ bool is_float(engine::DType d) {
   return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
 }
 
-std::optional<std::string> check_tensors(const OpQuery& q) {
-  auto check = [](const TensorInfo& t, const char* what, size_t i) -> std::optional<std::string> {
-    if (!is_float(t.dtype))
+// Elementwise ops and views also take bool tensors (masks, comparisons).
+std::optional<std::string> check_tensors(const OpQuery& q, bool allow_bool) {
+  auto check = [allow_bool](const TensorInfo& t, const char* what, size_t i) -> std::optional<std::string> {
+    if (!is_float(t.dtype) && !(allow_bool && t.dtype == engine::DType::kBool))
       return std::string(what) + " " + std::to_string(i) + " is " + engine::dtype_name(t.dtype) +
-             "; Kiln engines take float32, float16 and bfloat16 tensors";
+             "; Kiln engines take float32, float16 and bfloat16 tensors" + (allow_bool ? " (and bool masks)" : "");
     if (t.shape.size() > engine::kMaxRank) return std::string(what) + " has rank over 8";
     for (int64_t d : t.shape)
       if (d < 0) return std::string(what) + " " + std::to_string(i) + " has a dynamic dimension (not supported yet)";
@@ -51,7 +52,8 @@ std::optional<std::string> check_support(const OpQuery& q) {
   bool constant_cast = def->folds_constant_inputs && q.inputs.size() == 1 && q.inputs[0].is_constant &&
                        checked.outputs.size() == 1 && is_float(checked.outputs[0].dtype);
   if (constant_cast) return std::nullopt;
-  if (auto r = check_tensors(checked)) return r;
+  const bool allow_bool = def->role == ops::OpRole::kElementwise || def->role == ops::OpRole::kView;
+  if (auto r = check_tensors(checked, allow_bool)) return r;
   if (def->check) {
     std::string why = def->check(q);
     if (!why.empty()) return why;

@@ -72,6 +72,16 @@ __device__ __forceinline__ float kiln_maximum(float a, float b) { return (a != a
 __device__ __forceinline__ float kiln_minimum(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
 __device__ __forceinline__ float kiln_hardsigmoid(float x) { return kiln_clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f; }
 __device__ __forceinline__ float kiln_hardswish(float x) { return x * kiln_hardsigmoid(x); }
+// softplus as torch: linear above threshold (in beta * x), log1p(exp) below.
+__device__ __forceinline__ float kiln_softplus(float x, float beta, float threshold) {
+  return x * beta > threshold ? x : log1pf(expf(beta * x)) / beta;
+}
+__device__ __forceinline__ float kiln_mish(float x) { return x * tanhf(kiln_softplus(x, 1.0f, 20.0f)); }
+__device__ __forceinline__ float kiln_leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
+__device__ __forceinline__ float kiln_elu(float x, float alpha, float scale, float input_scale) {
+  return x > 0.0f ? scale * x : scale * alpha * expm1f(x * input_scale);
+}
+__device__ __forceinline__ float kiln_sign(float x) { return x != x ? x : (x > 0.0f) - (x < 0.0f); }
 )";
 }
 

@@ -3,6 +3,7 @@
 #include "ops/op_registry.h"
 
 #include <cmath>
+#include <map>
 #include <cstdio>
 
 namespace kiln::ops {
@@ -44,6 +45,24 @@ const std::vector<PointwiseOp>& pointwise_ops() {
       {"aten.reciprocal.default", 1}, {"aten.clamp.default", 1}, {"aten.hardtanh.default", 1},
       {"aten.hardswish.default", 1}, {"aten.hardsigmoid.default", 1}, {"aten.silu.default", 1},
       {"aten.maximum.default", 2}, {"aten.minimum.default", 2},
+      {"aten.log1p.default", 1}, {"aten.expm1.default", 1}, {"aten.erf.default", 1},
+      {"aten.softplus.default", 1}, {"aten.mish.default", 1}, {"aten.leaky_relu.default", 1},
+      {"aten.elu.default", 1}, {"aten.pow.Tensor_Scalar", 1}, {"aten.pow.Tensor_Tensor", 2},
+      {"aten.sin.default", 1}, {"aten.cos.default", 1}, {"aten.floor.default", 1}, {"aten.ceil.default", 1},
+      {"aten.round.default", 1}, {"aten.trunc.default", 1}, {"aten.sign.default", 1},
+      {"aten.square.default", 1}, {"aten.log2.default", 1}, {"aten.exp2.default", 1},
+      // Comparisons and selection: bool values are 1.0f / 0.0f inside a kernel
+      // and one byte in memory.
+      {"aten.eq.Tensor", 2}, {"aten.ne.Tensor", 2}, {"aten.lt.Tensor", 2}, {"aten.le.Tensor", 2},
+      {"aten.gt.Tensor", 2}, {"aten.ge.Tensor", 2}, {"aten.eq.Scalar", 1}, {"aten.ne.Scalar", 1},
+      {"aten.lt.Scalar", 1}, {"aten.le.Scalar", 1}, {"aten.gt.Scalar", 1}, {"aten.ge.Scalar", 1},
+      {"aten.logical_not.default", 1}, {"aten.logical_and.default", 2}, {"aten.logical_or.default", 2},
+      {"aten.where.self", 3}, {"aten.masked_fill.Scalar", 2},
+      // On bool tensors (the generic check refuses integer ones).
+      {"aten.bitwise_and.Tensor", 2}, {"aten.bitwise_or.Tensor", 2}, {"aten.bitwise_xor.Tensor", 2},
+      {"aten.bitwise_not.default", 1},
+      // A 0-d constant made by the program (where(c, x, 0.0) exports one).
+      {"aten.scalar_tensor.default", 0},
       // Copies and casts: the store converts to the output dtype.
       {"aten._to_copy.default", 1}, {"aten.clone.default", 1}, {"kiln.cast", 1}, {"kiln.copy", 1},
       // Broadcasts its input to the output shape; the generated indexing does it.
@@ -70,8 +89,11 @@ std::string check_pointwise_attrs(const std::string& op, const std::map<std::str
       if (!s || (*s != "none" && *s != "tanh")) return "gelu approximate must be 'none' or 'tanh'";
     }
   }
-  for (const char* key : {"alpha", "other", "min", "max", "min_val", "max_val"}) scalar_attr(attrs, key, 0.0, &ok);
-  if (!ok) return "alpha/other/min/max must be numbers";
+  for (const char* key : {"alpha", "other", "min", "max", "min_val", "max_val", "beta", "threshold",
+                          "negative_slope", "scale", "input_scale", "exponent", "value", "s"})
+    scalar_attr(attrs, key, 0.0, &ok);
+  if (!ok) return "scalar arguments (alpha/other/min/max/exponent/...) must be numbers";
+  if (op == "aten.round.default" && attrs.count("decimals")) return "round with decimals is not supported";
   return "";
 }
 
@@ -122,6 +144,52 @@ std::string pointwise_expression(const ir::Node& node, const std::vector<std::st
     std::string hi = node.has_attr(hi_key) || hard ? attr(hi_key, 1.0) : "__int_as_float(0x7f800000)";
     return "kiln_clamp(" + x[0] + ", " + lo + ", " + hi + ")";
   }
+  if (op == "aten.log1p.default") return "log1pf(" + x[0] + ")";
+  if (op == "aten.expm1.default") return "expm1f(" + x[0] + ")";
+  if (op == "aten.erf.default") return "erff(" + x[0] + ")";
+  if (op == "aten.sin.default") return "sinf(" + x[0] + ")";
+  if (op == "aten.cos.default") return "cosf(" + x[0] + ")";
+  if (op == "aten.floor.default") return "floorf(" + x[0] + ")";
+  if (op == "aten.ceil.default") return "ceilf(" + x[0] + ")";
+  if (op == "aten.round.default") return "rintf(" + x[0] + ")";  // half to even, as torch.round
+  if (op == "aten.trunc.default") return "truncf(" + x[0] + ")";
+  if (op == "aten.square.default") return "(" + x[0] + " * " + x[0] + ")";
+  if (op == "aten.log2.default") return "log2f(" + x[0] + ")";
+  if (op == "aten.exp2.default") return "exp2f(" + x[0] + ")";
+  if (op == "aten.sign.default") return "kiln_sign(" + x[0] + ")";
+  if (op == "aten.softplus.default")
+    return "kiln_softplus(" + x[0] + ", " + attr("beta", 1.0) + ", " + attr("threshold", 20.0) + ")";
+  if (op == "aten.mish.default") return "kiln_mish(" + x[0] + ")";
+  if (op == "aten.leaky_relu.default") return "kiln_leaky_relu(" + x[0] + ", " + attr("negative_slope", 0.01) + ")";
+  if (op == "aten.elu.default")
+    return "kiln_elu(" + x[0] + ", " + attr("alpha", 1.0) + ", " + attr("scale", 1.0) + ", " +
+           attr("input_scale", 1.0) + ")";
+  if (op == "aten.pow.Tensor_Scalar") {
+    double e = scalar_attr(node.attrs, "exponent", 1.0, &ok);
+    if (e == 2.0) return "(" + x[0] + " * " + x[0] + ")";
+    if (e == 1.0) return x[0];
+    if (e == 0.5) return "sqrtf(" + x[0] + ")";
+    if (e == -1.0) return "(1.0f / " + x[0] + ")";
+    return "powf(" + x[0] + ", " + attr("exponent", 1.0) + ")";
+  }
+  if (op == "aten.pow.Tensor_Tensor") return "powf(" + x[0] + ", " + x[1] + ")";
+  static const std::map<std::string, const char*> kCompare = {
+      {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+  const std::string base = op.substr(5, op.find('.', 5) - 5);  // "aten.lt.Scalar" -> "lt"
+  if (auto it = kCompare.find(base); it != kCompare.end()) {
+    const std::string rhs = node.inputs.size() == 2 ? x[1] : attr("other", 0.0);
+    return "((" + x[0] + " " + it->second + " " + rhs + ") ? 1.0f : 0.0f)";
+  }
+  if (op == "aten.scalar_tensor.default") return attr("s", 0.0);
+  if (op == "aten.bitwise_not.default") return "((" + x[0] + " != 0.0f) ? 0.0f : 1.0f)";
+  if (op == "aten.bitwise_xor.Tensor") return "(((" + x[0] + " != 0.0f) != (" + x[1] + " != 0.0f)) ? 1.0f : 0.0f)";
+  if (op == "aten.bitwise_and.Tensor") return "((" + x[0] + " != 0.0f && " + x[1] + " != 0.0f) ? 1.0f : 0.0f)";
+  if (op == "aten.bitwise_or.Tensor") return "((" + x[0] + " != 0.0f || " + x[1] + " != 0.0f) ? 1.0f : 0.0f)";
+  if (op == "aten.logical_not.default") return "((" + x[0] + " != 0.0f) ? 0.0f : 1.0f)";
+  if (op == "aten.logical_and.default") return "((" + x[0] + " != 0.0f && " + x[1] + " != 0.0f) ? 1.0f : 0.0f)";
+  if (op == "aten.logical_or.default") return "((" + x[0] + " != 0.0f || " + x[1] + " != 0.0f) ? 1.0f : 0.0f)";
+  if (op == "aten.where.self") return "((" + x[0] + " != 0.0f) ? " + x[1] + " : " + x[2] + ")";
+  if (op == "aten.masked_fill.Scalar") return "((" + x[1] + " != 0.0f) ? " + attr("value", 0.0) + " : " + x[0] + ")";
   if (op == "aten._to_copy.default" || op == "aten.clone.default" || op == "kiln.cast" || op == "kiln.copy" ||
       op == "aten.expand_copy.default")
     return x[0];

@@ -6,6 +6,9 @@ its own."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,6 +17,9 @@ from kiln import _fx_nodes
 from kiln._native import native
 
 from _helpers import export
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+import conformance_elementwise  # noqa: E402 - the GPU conformance programs double as examples here
 
 F = torch.nn.functional
 pytestmark = pytest.mark.needs_compiler
@@ -81,6 +87,9 @@ def _examples():
         "matmuls": (Matmuls(), (torch.randn(4, 8), torch.randn(4, 5))),
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
         "vision": (Vision().eval(), (torch.randn(1, 3, 8, 8),)),
+    } | {
+        name: (factory(), tuple(torch.randn(shape) for shape in conformance_elementwise.CASES[name]))
+        for name, factory in conformance_elementwise.FACTORIES.items()
     }
 
 
@@ -99,7 +108,8 @@ NOT_IN_EDGE_PROGRAMS = {
     "aten.t_copy.default", "aten.transpose_copy.int", "aten.split_copy.Tensor", "aten.squeeze_copy.dim",
     "aten.sum.default",
     # decomposed by to_edge (their decompositions are taken instead)
-    "aten.hardswish.default", "aten.hardsigmoid.default", "aten.silu.default",
+    "aten.hardswish.default", "aten.hardsigmoid.default", "aten.silu.default", "aten.mish.default",
+    "aten.softplus.default", "aten.square.default", "aten.masked_fill.Scalar",
 }
 
 
