@@ -316,9 +316,10 @@ class KilnPartitioner(Partitioner):
                     kept = good  # give up on the partitions still failing
                     break
                 kept = self._propose(graph_module, support, order)
-            if support.compile_failures:
-                summary = self._summarize(graph_module, kept)
-                announce(summary.line())
+            revised = self._summarize(graph_module, kept)
+            if revised.line() != summary.line():
+                announce(revised.line())
+            summary = revised
         self._real_state_dict = None
 
         on_cpu_linears = {
