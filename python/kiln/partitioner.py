@@ -41,6 +41,8 @@ BACKEND_ID = "KilnBackend"
 LINEAR = "aten.linear.default"
 # Rounds of (propose partitions, trial-compile them, refuse the failing node).
 MAX_TRIAL_ROUNDS = 64
+# Failures of one op after which all its nodes stay on the CPU.
+SYSTEMATIC_FAILURES = 3
 # ops_to_not_decompose: decompose every aten.linear (see LinearLeftToCpu).
 DECOMPOSE_ALL_LINEARS = "*"
 
@@ -294,6 +296,24 @@ class KilnPartitioner(Partitioner):
                     _announce_fallback(user, reason)
             support.refuse(node, reason)
 
+    @staticmethod
+    def _refuse_systematic_failures(graph_module, support, failed_ops: Counter, failures) -> None:
+        """An op that failed SYSTEMATIC_FAILURES times is left to the CPU
+        everywhere at once (one line), so a compiler that rejects, say, every
+        conv of a model costs a few rounds, not one round per node."""
+        last = {_fx_nodes.op_name(n.target): r for n, r in failures}
+        for op, count in failed_ops.items():
+            if count < SYSTEMATIC_FAILURES or op not in last:
+                continue
+            rest = [n for n in _compute_nodes(graph_module.graph.nodes)
+                    if _fx_nodes.op_name(n.target) == op and n not in support.refusals]
+            if not rest:
+                continue
+            reason = f"{op} failed to compile {count} times (last: {last[op]})"
+            for n in rest:
+                support.refuse(n, reason)
+            announce(f"kiln: {op} x{len(rest)} more left to the CPU: {reason}")
+
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         graph_module = exported_program.graph_module
         support = KilnOperatorSupport(exported_program)
@@ -305,6 +325,7 @@ class KilnPartitioner(Partitioner):
         announce(summary.line())
         if self.trial_compile:
             trial = _Trial(self, exported_program, order)
+            failed_ops: Counter = Counter()
             for round_index in range(MAX_TRIAL_ROUNDS):
                 failures, good = trial.run(kept)
                 if not failures:
@@ -312,6 +333,8 @@ class KilnPartitioner(Partitioner):
                 for node, reason in failures:
                     support.refuse(node, reason)
                     _announce_fallback(node, reason)
+                    failed_ops[_fx_nodes.op_name(node.target)] += 1
+                self._refuse_systematic_failures(graph_module, support, failed_ops, failures)
                 if round_index == MAX_TRIAL_ROUNDS - 1:
                     kept = good  # give up on the partitions still failing
                     break

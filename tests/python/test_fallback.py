@@ -230,3 +230,20 @@ def test_reduction_view_linear_never_aborts(capsys, tmp_path):
         assert set(cpu) <= {"aten.addmm.default", "aten.permute_copy.default", "aten.mean.dim"}, cpu
         assert lines and all("left to the CPU: " in l for l in lines)
     assert kiln.save(compiled, tmp_path / "m.pte").stat().st_size > 0
+
+
+class DeepSigmoid(torch.nn.Module):
+    def forward(self, x):
+        for _ in range(8):
+            x = torch.sigmoid(x) * 1.5
+        return x
+
+
+def test_an_op_failing_everywhere_is_refused_in_bulk(inject, count_compiles, capsys):
+    inject({"aten.sigmoid.default": "named"})
+    compiled = _compile(export(DeepSigmoid(), torch.randn(4, 8)))
+    assert compiled.summary.ops_on_cpu == {"aten.sigmoid.default": 8}
+    err = capsys.readouterr().err
+    assert len(fallback_lines(err)) == 3
+    assert "kiln: aten.sigmoid.default x5 more left to the CPU: aten.sigmoid.default failed to compile 3 times" in err
+    assert len(count_compiles) <= 24  # one round per node would be ~45
