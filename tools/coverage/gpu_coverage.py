@@ -131,7 +131,10 @@ def main() -> int:
                 pte = args.work / entry["pte"]
                 if not pte.exists():
                     with tarfile.open(group / entry["archive"], "r:xz") as tar:
-                        tar.extractall(args.work)
+                        try:
+                            tar.extractall(args.work, filter="data")
+                        except TypeError:  # Python without extraction filters
+                            tar.extractall(args.work)
                 start = time.time()
                 r = check(entry, pte, args.runner, args.work, log, args.trials)
                 r["cpu_ops"] = entry.get("cpu_ops", {})
