@@ -247,3 +247,26 @@ def test_an_op_failing_everywhere_is_refused_in_bulk(inject, count_compiles, cap
     assert len(fallback_lines(err)) == 3
     assert "kiln: aten.sigmoid.default x5 more left to the CPU: aten.sigmoid.default failed to compile 3 times" in err
     assert len(count_compiles) <= 24  # one round per node would be ~45
+
+
+class ConvBn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+        return self.fc(y)
+
+
+def test_trial_engines_with_parameters_and_buffers_are_reused(count_compiles):
+    torch.manual_seed(0)
+    module = ConvBn().eval()
+    module.bn.running_mean.uniform_(-1, 1)
+    module.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 8, 8)
+    compiled = _compile(torch.export.export(module, (x,)), enabled_precisions={torch.float16})
+    assert compiled.delegates == ["KilnBackend"] and compiled.summary.ops_on_cpu == {}
+    assert len(count_compiles) == 1
