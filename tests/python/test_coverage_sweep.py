@@ -83,3 +83,27 @@ def test_report_and_carry_groups(records, tmp_path):
     assert sorted(e["dtype"] for e in manifest) == ["float16", "float32"]
     assert all(e["checksum"] == recs[0]["checksum"] for e in manifest if e["dtype"] == "float32")
     assert (group / "squeezenet1_1.tar.xz").exists()
+
+
+def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
+    """gpu_coverage.py end to end with --device cpu and a stand-in runner
+    (prints the error kiln_runner would): unpacking, rebuilding the model from
+    the manifest's seed and checksum, tensor files, parsing, the JSON."""
+    import subprocess
+
+    recs, pte_dir = records
+    json_path = tmp_path / "coverage.json"
+    coverage_sweep.save_results(json_path, recs)
+    coverage_sweep.main(["--pack", str(tmp_path / "carry"), "--keep-pte", str(pte_dir), "--json", str(json_path)])
+    (group,) = (tmp_path / "carry").iterdir()
+    runner = tmp_path / "fake_runner.sh"
+    runner.write_text("#!/bin/sh\necho 'output 0: rel_err=2.5e-07 ok'\n")
+    runner.chmod(0o755)
+    out = tmp_path / "gpu"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/coverage/gpu_coverage.py"), str(group), "--runner", str(runner),
+                           "--out", str(out), "--work", str(tmp_path / "work"), "--trials", "1", "--device", "cpu"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / f"coverage_gpu_{group.name}.json").read_text())
+    assert sorted(r["dtype"] for r in results) == ["float16", "float32"]
+    assert all(r["ok"] and r["rel_err"] == 2.5e-07 for r in results)

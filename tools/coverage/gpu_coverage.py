@@ -55,7 +55,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int) -> dict:
+def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, device: str = "cuda") -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = DTYPES[entry["dtype"]]
@@ -67,14 +67,14 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int) ->
     got = zoo.checksum(model)
     if got != entry["checksum"]:
         return result | {"ok": False, "rel_err": None, "error": f"checksum {got[:12]} != manifest {entry['checksum'][:12]}"}
-    model = model.cuda().eval()
+    model = model.to(device).eval()
     exact = model if dtype == torch.float32 else copy.deepcopy(model).float()
     worst, seeds, errors, torch_fp16 = 0.0, [], [], None
     for trial in range(trials):
         seed = int.from_bytes(os.urandom(4), "little")
         seeds.append(seed)
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        x = torch.randn(entry["input"], generator=gen, device="cuda", dtype=dtype)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(entry["input"], generator=gen, device=device, dtype=dtype)
         with torch.no_grad():
             expected = [t.to(dtype) for t in zoo.flatten_outputs(exact(x.float()))]
             if dtype != torch.float32:
@@ -97,7 +97,8 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int) ->
         if proc.returncode != 0 and proc.returncode != 1:
             errors.append(f"kiln_runner exit {proc.returncode}")
     del model, exact
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     ok = not errors and worst <= RTOL[entry["dtype"]]
     out = result | {"ok": ok, "rel_err": None if worst != worst else worst, "seeds": seeds}
     if errors:
@@ -115,10 +116,12 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/kiln_coverage_work"))
     p.add_argument("--trials", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated models")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": plumbing test only
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "none (--device cpu)"
+    print(f"GPU: {gpu}  torch {torch.__version__}", flush=True)
     only = {m for m in args.only.split(",") if m}
     failed = 0
     for group in args.groups:
@@ -136,7 +139,7 @@ def main() -> int:
                         except TypeError:  # Python without extraction filters
                             tar.extractall(args.work)
                 start = time.time()
-                r = check(entry, pte, args.runner, args.work, log, args.trials)
+                r = check(entry, pte, args.runner, args.work, log, args.trials, args.device)
                 r["cpu_ops"] = entry.get("cpu_ops", {})
                 results.append(r)
                 failed += not r["ok"]
