@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from . import _fx_nodes, _trial
 from ._logging import announce, progress
+from ._native import CompileError
 from ._options import KilnOptions
 from .graph_builder import build
 
@@ -51,7 +52,15 @@ class KilnBackend(BackendDetails):
         if engine is None:
             progress.partition(nodes)
             logger.debug("kiln: partition graph:\n%s", built.graph.describe())
-            engine = _trial.compile_graph(built, options, _progress)
+            try:
+                engine = _trial.compile_graph(built, options, _progress)
+            except CompileError as e:
+                # Too late to fall back: the partition is fixed by now.
+                raise CompileError(
+                    f"{e}\n(KilnBackend.preprocess: this partition was not compiled by KilnPartitioner's trial, "
+                    "which would have left the failing node to the CPU; lower with KilnPartitioner("
+                    "trial_compile=True), as kiln.compile does)"
+                ) from e
         else:
             progress.partition(nodes, compiled_earlier=True)
         progress.engine(len(engine))

@@ -270,3 +270,14 @@ def test_trial_engines_with_parameters_and_buffers_are_reused(count_compiles):
     compiled = _compile(torch.export.export(module, (x,)), enabled_precisions={torch.float16})
     assert compiled.delegates == ["KilnBackend"] and compiled.summary.ops_on_cpu == {}
     assert len(count_compiles) == 1
+
+
+def test_preprocess_failure_without_trial_says_what_to_do(cumsum_program, inject):
+    from executorch.exir import to_edge_transform_and_lower
+
+    from kiln._compile import edge_compile_config
+
+    inject({"aten.relu.default": "named"})
+    with pytest.raises(kiln.CompileError, match=r"injected failure(.|\n)*trial_compile=True"):
+        to_edge_transform_and_lower(cumsum_program, partitioner=[kiln.KilnPartitioner(trial_compile=False)],
+                                    compile_config=edge_compile_config())
