@@ -17,9 +17,10 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
+from . import _trial
 from ._logging import announce
 from ._options import DEFAULT_TARGET_SMS, KilnOptions, validate_options
-from .partitioner import KilnPartitioner, PartitionSummary
+from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu, PartitionSummary
 
 logger = logging.getLogger("kiln")
 
@@ -83,13 +84,38 @@ def edge_compile_config() -> EdgeCompileConfig:
 
 
 def lower(exported_program: ExportedProgram, options: KilnOptions) -> tuple[EdgeProgramManager, PartitionSummary]:
-    """Edge conversion + partitioning + preprocess (engine compilation)."""
-    partitioner = KilnPartitioner(options)
-    manager = to_edge_transform_and_lower(
-        exported_program, partitioner=[partitioner], compile_config=edge_compile_config()
-    )
-    summary = partitioner.last_summary or PartitionSummary()
-    return manager, summary
+    """Edge conversion + partitioning (with trial compiles) + preprocess.
+
+    An ``aten.linear`` kept whole for Kiln that then fails to compile has no
+    CPU kernel to fall back on; the partitioner says so (LinearLeftToCpu) and
+    the program is lowered again with those linears decomposed (their GEMM
+    on the CPU), and, should one still be left, with every linear decomposed.
+    Engines compiled by the first attempt's trials are reused when unchanged.
+    """
+    decompose: dict[str, str] = {}
+    try:
+        for attempt in range(3):
+            partitioner = KilnPartitioner(options, decompose_linear=decompose)
+            try:
+                manager = to_edge_transform_and_lower(
+                    exported_program, partitioner=[partitioner], compile_config=edge_compile_config()
+                )
+            except LinearLeftToCpu as e:
+                if attempt == 2:
+                    raise
+                if attempt == 0:
+                    decompose.update(e.reasons)
+                else:
+                    decompose[DECOMPOSE_ALL_LINEARS] = "; ".join(sorted(set(e.reasons.values())))
+                announce(f"kiln: lowering again with {len(e.reasons)} aten.linear.default decomposed "
+                         f"({'every linear' if attempt else ', '.join(sorted(e.reasons))}): "
+                         "ExecuTorch has no CPU kernel for aten.linear")
+                continue
+            summary = partitioner.last_summary or PartitionSummary()
+            return manager, summary
+    finally:
+        _trial.ENGINE_CACHE.clear()  # engines preprocess did not take
+    raise AssertionError("unreachable")
 
 
 def delegate_ids(manager: EdgeProgramManager) -> list[str]:

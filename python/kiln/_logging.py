@@ -3,7 +3,9 @@ they show up in a plain script without any logging configuration.
 
 Export prints, in order: the partitioner's plan (one line), then per
 partition "compiling partition i/N: K nodes" followed by the compiler's own
-lines, then one final summary with the engine sizes."""
+lines (the partitioner's trial compile, see _trial.py), one line per op left
+to the CPU because its partition failed to compile (and the revised plan),
+then one final summary with the engine sizes."""
 
 from __future__ import annotations
 
@@ -32,10 +34,19 @@ class LoweringProgress:
     def start(self, summary) -> None:
         self._summary, self._started, self._engine_bytes = summary, 0, []
 
-    def partition(self, nodes: int) -> None:
+    def partition(self, nodes: int, compiled_earlier: bool = False) -> None:
+        """preprocess reached a partition; `compiled_earlier`: its engine was
+        built by the partitioner's trial compile (nothing to announce)."""
         self._started += 1
+        if compiled_earlier:
+            return
         of = f"/{self._summary.partitions}" if self._summary is not None else ""
         announce(f"kiln: compiling partition {self._started}{of}: {nodes} node{'' if nodes == 1 else 's'}")
+
+    @staticmethod
+    def trial(index: int, total: int, nodes: int) -> None:
+        """The partitioner compiles partition `index` (1-based) of `total`."""
+        announce(f"kiln: compiling partition {index}/{total}: {nodes} node{'' if nodes == 1 else 's'}")
 
     def engine(self, size: int) -> None:
         self._engine_bytes.append(size)

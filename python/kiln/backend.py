@@ -9,34 +9,28 @@ named ``KilnBackend`` and this module must be imported before lowering.
 from __future__ import annotations
 
 import logging
-import os
 from typing import List
 
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from . import _fx_nodes
+from . import _fx_nodes, _trial
 from ._logging import announce, progress
-from ._native import native
+from ._native import CompileError
 from ._options import KilnOptions
-from .graph_builder import build_graph
+from .graph_builder import build
 
 logger = logging.getLogger("kiln")
 
 
-def _partition_debug_dir(root: str) -> str:
-    """A fresh subfolder of `root` per partition (partition_0, partition_1, ...)."""
-    if not root:
-        return ""
-    index = 0
-    while os.path.exists(os.path.join(root, f"partition_{index}")):
-        index += 1
-    return os.path.join(root, f"partition_{index}")
-
-
 def _progress(message: str) -> None:
     announce(f"kiln: {message}")
+
+
+def engine_key(graph_key: str, options: KilnOptions) -> str:
+    """Engine cache key: the built graph's key and the compile options."""
+    return f"{graph_key}/{_trial.options_key(options)}"
 
 
 class KilnBackend(BackendDetails):
@@ -49,20 +43,25 @@ class KilnBackend(BackendDetails):
             1 for n in edge_program.graph.nodes
             if n.op == "call_function" and not _fx_nodes.is_getitem(n)
         )
-        progress.partition(nodes)
-        graph = build_graph(edge_program)
-        logger.debug("kiln: partition graph:\n%s", graph.describe())
-        engine = native().compile(
-            graph,
-            target_sms=list(options.target_sms),
-            emit_ptx=options.emit_ptx,
-            enabled_precisions=list(options.enabled_precisions),
-            use_cuda_graphs=options.use_cuda_graphs,
-            progress=_progress,
-            conv_gemm=options.conv_gemm,
-            depthwise_kernels=options.depthwise_kernels,
-            debug_dir=_partition_debug_dir(options.debug_dir),
-        )
-        engine = bytes(engine)
+        built = build(edge_program)
+        # The partitioner's trial compile already built this engine (same
+        # graph, same constants, same options): take it instead of compiling
+        # again. A miss (a partitioner that could not trial-compile with real
+        # weights, or KilnBackend used without KilnPartitioner) compiles here.
+        engine = _trial.ENGINE_CACHE.take(engine_key(built.key, options))
+        if engine is None:
+            progress.partition(nodes)
+            logger.debug("kiln: partition graph:\n%s", built.graph.describe())
+            try:
+                engine = _trial.compile_graph(built, options, _progress)
+            except CompileError as e:
+                # Too late to fall back: the partition is fixed by now.
+                raise CompileError(
+                    f"{e}\n(KilnBackend.preprocess: this partition was not compiled by KilnPartitioner's trial, "
+                    "which would have left the failing node to the CPU; lower with KilnPartitioner("
+                    "trial_compile=True), as kiln.compile does)"
+                ) from e
+        else:
+            progress.partition(nodes, compiled_earlier=True)
         progress.engine(len(engine))
         return PreprocessResult(processed_bytes=engine)

@@ -9,7 +9,9 @@ the output node sets the graph outputs.
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
@@ -29,7 +31,7 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def _constant_tensor(program: ExportedProgram, node: torch.fx.Node) -> torch.Tensor:
+def _constant_tensor(program: ExportedProgram, node: torch.fx.Node) -> tuple[str, torch.Tensor]:
     sig = program.graph_signature
     if node.name in sig.inputs_to_parameters:
         key = sig.inputs_to_parameters[node.name]
@@ -44,7 +46,7 @@ def _constant_tensor(program: ExportedProgram, node: torch.fx.Node) -> torch.Ten
         value = program.constants.get(key)
     if not isinstance(value, torch.Tensor):
         raise CompileError(f"constant '{node.name}' ({key}) has no tensor data in the program")
-    return value
+    return key, value
 
 
 def _getitem_source(node: torch.fx.Node) -> tuple[torch.fx.Node, int]:
@@ -54,10 +56,34 @@ def _getitem_source(node: torch.fx.Node) -> tuple[torch.fx.Node, int]:
     return source, index
 
 
+# (state-dict key, tensor in the program) -> the tensor whose bytes to use, or
+# None when the real data is not known (the partitioner's fake parameters).
+ConstantResolver = Callable[[str, torch.Tensor], Optional[torch.Tensor]]
+
+
+@dataclass
+class BuiltGraph:
+    """A built IR graph and what identifies it."""
+
+    graph: Any
+    # sha256 over every call made to build the graph (inputs, constants with
+    # a hash of their bytes, nodes with their attributes, outputs): two
+    # programs with the same key give the same engine for the same options.
+    key: str
+    # (node name, op) of every IR node, in order
+    node_ops: list[tuple[str, str]] = field(default_factory=list)
+    # False when some constant's real bytes were unknown (zeros were used)
+    exact: bool = True
+
+
 class _Builder:
-    def __init__(self, program: ExportedProgram) -> None:
+    def __init__(self, program: ExportedProgram, resolve: Optional[ConstantResolver] = None) -> None:
         self.program = program
+        self.resolve = resolve
         self.graph = native().Graph()
+        self.hash = hashlib.sha256()
+        self.node_ops: list[tuple[str, str]] = []
+        self.exact = True
         # FX node -> value ids (one per output of the node)
         self.values: dict[torch.fx.Node, list[int]] = {}
         self.input_names: list[str] = []
@@ -82,9 +108,18 @@ class _Builder:
             spec = kinds.get(node.name)
             t = self._type(node)
             if node.name in constants:
-                data = tensor_bytes(_constant_tensor(self.program, node))
+                key, tensor = _constant_tensor(self.program, node)
+                if self.resolve is not None:
+                    real = self.resolve(key, tensor)
+                    if real is None:  # data unknown here: same size, zeros
+                        self.exact = False
+                        real = torch.zeros(tensor.shape, dtype=tensor.dtype)
+                    tensor = real
+                data = tensor_bytes(tensor)
+                self._record("constant", node.name, t.dtype, t.shape, hashlib.sha256(data).hexdigest())
                 self.values[node] = [self.graph.add_constant(node.name, t.dtype, t.shape, data)]
             elif spec is not None and spec.kind == InputKind.USER_INPUT:
+                self._record("input", node.name, t.dtype, t.shape)
                 self.values[node] = [self.graph.add_input(node.name, t.dtype, t.shape)]
                 self.input_names.append(node.name)
             else:
@@ -108,6 +143,8 @@ class _Builder:
             raise CompileError(f"node '{node.name}' ({_fx_nodes.op_name(node.target)}): {e}") from None
         inputs = [self.value_of(arg, node) for arg in desc.inputs]
         outputs = [(t.dtype, t.shape) for t in desc.outputs]
+        self._record("node", desc.op, desc.name, inputs, sorted(desc.attrs.items()), outputs)
+        self.node_ops.append((desc.name, desc.op))
         self.values[node] = list(self.graph.add_node(desc.op, desc.name, inputs, desc.attrs, outputs))
 
     def set_outputs(self, node: torch.fx.Node) -> None:
@@ -127,7 +164,12 @@ class _Builder:
                 raise CompileError(f"program output {value!r} is not a tensor")
             ids.append(self.value_of(value, node))
             self.output_names.append(value.name)
+        self._record("outputs", ids)
         self.graph.set_outputs(ids)
+
+    def _record(self, *call: Any) -> None:
+        self.hash.update(repr(call).encode())
+        self.hash.update(b"\n")
 
     def _type(self, node: torch.fx.Node) -> _fx_nodes.TensorType:
         try:
@@ -139,7 +181,13 @@ class _Builder:
 def build_graph(program: ExportedProgram) -> Any:
     """The Kiln IR ``Graph`` for `program`; raises CompileError naming the
     node it cannot express."""
-    builder = _Builder(program)
+    return build(program).graph
+
+
+def build(program: ExportedProgram, resolve: Optional[ConstantResolver] = None) -> BuiltGraph:
+    """``build_graph`` with the graph's key; `resolve` supplies the real
+    tensor of a constant (see ConstantResolver)."""
+    builder = _Builder(program, resolve)
     builder.add_placeholders()
     for node in program.graph.nodes:
         if node.op == "call_function":
@@ -149,4 +197,4 @@ def build_graph(program: ExportedProgram) -> Any:
         elif node.op != "placeholder":
             raise CompileError(f"node '{node.name}': unexpected FX op '{node.op}'")
     builder.graph.verify()
-    return builder.graph
+    return BuiltGraph(builder.graph, builder.hash.hexdigest(), builder.node_ops, builder.exact)

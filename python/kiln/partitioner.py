@@ -2,6 +2,11 @@
 
 Support is decided by the C++ compiler (``check_support``), the one source of
 truth, so the partitioner never promises a node the compiler will refuse.
+Each proposed partition is then trial-compiled (``_trial.py``): a partition
+that fails for any reason loses its failing node to ExecuTorch's CPU kernels
+(one printed line names the op and the reason) and the partitions are proposed
+again, so an export never aborts because of the engine compiler. The engines
+that compiled are reused by ``KilnBackend.preprocess``.
 """
 
 from __future__ import annotations
@@ -23,15 +28,48 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import _fx_nodes
+from . import _fx_nodes, _trial
 from ._logging import announce, progress
-from ._native import native
+from ._native import CompileError, native
 from ._options import KilnOptions, validate_options
-from .backend import KilnBackend  # noqa: F401 - registers the backend class
+from .backend import KilnBackend, _progress, engine_key  # noqa: F401 - registers the backend class
+from .graph_builder import build
 
 logger = logging.getLogger("kiln")
 
 BACKEND_ID = "KilnBackend"
+LINEAR = "aten.linear.default"
+# Rounds of (propose partitions, trial-compile them, refuse the failing node).
+MAX_TRIAL_ROUNDS = 64
+# Failures of one op after which all its nodes stay on the CPU.
+SYSTEMATIC_FAILURES = 3
+# ops_to_not_decompose: decompose every aten.linear (see LinearLeftToCpu).
+DECOMPOSE_ALL_LINEARS = "*"
+
+
+class LinearLeftToCpu(CompileError):
+    """An ``aten.linear`` kept whole for Kiln (``ops_to_not_decompose`` with
+    min_block_size == 1) cannot be compiled, and ExecuTorch has no CPU kernel
+    for it. ``kiln.compile`` catches this and lowers again with those linears
+    decomposed (``KilnPartitioner(decompose_linear=...)``); `reasons` maps
+    each linear's key (``linear_key``) to why it failed."""
+
+    def __init__(self, reasons: dict[str, str]) -> None:
+        self.reasons = dict(reasons)
+        super().__init__(
+            f"aten.linear.default cannot be compiled ({'; '.join(sorted(set(self.reasons.values())))}) and "
+            f"ExecuTorch has no CPU kernel for it; lower again with "
+            f"KilnPartitioner(decompose_linear={sorted(self.reasons)!r}) (kiln.compile does this itself)"
+        )
+
+
+def linear_key(node: torch.fx.Node) -> str:
+    """Identifies an nn.Linear across the aten and edge programs: the name of
+    its weight placeholder (stable through decomposition), else the node's."""
+    weight = node.args[1] if len(node.args) > 1 else None
+    if isinstance(weight, torch.fx.Node) and weight.op == "placeholder":
+        return weight.name
+    return node.name
 
 
 @dataclass
@@ -121,7 +159,16 @@ class KilnOperatorSupport(OperatorSupportBase):
         super().__init__()
         self._constants = _fx_nodes.constant_placeholder_names(program)
         self.refusals: dict[torch.fx.Node, str] = {}
+        # nodes refused because their partition failed to compile (a subset
+        # of refusals)
+        self.compile_failures: dict[torch.fx.Node, str] = {}
         self._taken: set[torch.fx.Node] = set()
+
+    def refuse(self, node: torch.fx.Node, reason: str) -> None:
+        """Leaves `node` to the CPU from now on (its partition failed)."""
+        self._taken.discard(node)
+        self.refusals[node] = reason
+        self.compile_failures[node] = reason
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         if node.op != "call_function":
@@ -155,7 +202,19 @@ class KilnPartitioner(Partitioner):
     the CPU: a tiny delegate costs more in launches and copies than it saves.
     """
 
-    def __init__(self, options: KilnOptions | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        options: KilnOptions | None = None,
+        *,
+        decompose_linear: dict[str, str] | None = None,
+        trial_compile: bool = True,
+        **kwargs,
+    ) -> None:
+        """`decompose_linear`: linear keys (``linear_key``, or
+        DECOMPOSE_ALL_LINEARS) -> reason; those linears are decomposed
+        instead of kept whole, and their GEMM stays on the CPU.
+        `trial_compile`: compile each partition while partitioning so a
+        failing node falls back to the CPU (see the module docstring)."""
         if options is None:
             options = validate_options(**kwargs)
         elif kwargs:
@@ -163,6 +222,11 @@ class KilnPartitioner(Partitioner):
         self.options = options
         self.delegation_spec = DelegationSpec(BACKEND_ID, options.to_compile_specs())
         self.last_summary: PartitionSummary | None = None
+        self.decompose_linear = dict(decompose_linear or {})
+        self.trial_compile = trial_compile
+        # The real parameters, from the program ops_to_not_decompose sees
+        # (partition() is handed a copy with fake ones).
+        self._real_state_dict: dict | None = None
         super().__init__()
 
     def ops_to_not_decompose(
@@ -173,18 +237,19 @@ class KilnPartitioner(Partitioner):
         # ExecuTorch has no CPU kernel for aten.linear, so only when every
         # supported node is sure to be delegated (min_block_size == 1);
         # otherwise it decomposes into permute_copy + addmm as usual.
-        if self.options.min_block_size != 1:
+        self._real_state_dict = dict(ep.state_dict)
+        if self.options.min_block_size != 1 or DECOMPOSE_ALL_LINEARS in self.decompose_linear:
             return [], None
         constants = _fx_nodes.constant_placeholder_names(ep)
 
         def keep(node: torch.fx.Node) -> bool:
+            if linear_key(node) in self.decompose_linear:
+                return False
             return query_support(node, constants) is None
 
         return [torch.ops.aten.linear.default], keep
 
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        graph_module = exported_program.graph_module
-        support = KilnOperatorSupport(exported_program)
+    def _propose(self, graph_module, support: KilnOperatorSupport, order) -> list:
         proposed = CapabilityBasedPartitioner(
             graph_module,
             support,
@@ -194,37 +259,110 @@ class KilnPartitioner(Partitioner):
             # partition); keep partitions connected.
             skip_horizontal_fusion=True,
         ).propose_partitions()
-
-        partition_tags: dict[str, DelegationSpec] = {}
-        summary = PartitionSummary()
         kept = [
             p for p in proposed if len(_compute_nodes(p.nodes)) >= self.options.min_block_size
         ]
-        # Tag in graph order so tags (and delegate order) follow the program.
-        order = {node: i for i, node in enumerate(graph_module.graph.nodes)}
+        # In graph order so tags (and delegate order) follow the program.
         kept.sort(key=lambda p: min(order[n] for n in p.nodes))
+        return kept
+
+    @staticmethod
+    def _summarize(graph_module, kept) -> PartitionSummary:
+        summary = PartitionSummary()
+        taken = set()
+        for partition in kept:
+            summary.partitions += 1
+            summary.ops_taken += len(_compute_nodes(partition.nodes))
+            taken.update(partition.nodes)
+        summary.ops_on_cpu = dict(Counter(
+            _fx_nodes.op_name(n.target) for n in _compute_nodes(graph_module.graph.nodes) if n not in taken
+        ))
+        return summary
+
+    def _prerefuse_decomposed_linears(self, graph_module, support: KilnOperatorSupport) -> None:
+        """On a lowering with linears decomposed because they failed to
+        compile: their weight transpose and GEMM stay on the CPU at once."""
+        keys = {k for k in self.decompose_linear if k != DECOMPOSE_ALL_LINEARS}
+        for node in graph_module.graph.nodes:
+            if not (node.op == "call_function" and "permute" in _fx_nodes.op_name(node.target)):
+                continue
+            source = node.args[0] if node.args else None
+            if not (isinstance(source, torch.fx.Node) and source.op == "placeholder" and source.name in keys):
+                continue
+            reason = f"{self.decompose_linear[source.name]} (as {LINEAR})"
+            for user in node.users:
+                if _fx_nodes.op_name(user.target) in ("aten.addmm.default", "aten.mm.default"):
+                    support.refuse(user, reason)
+                    _announce_fallback(user, reason)
+            support.refuse(node, reason)
+
+    @staticmethod
+    def _refuse_systematic_failures(graph_module, support, failed_ops: Counter, failures) -> None:
+        """An op that failed SYSTEMATIC_FAILURES times is left to the CPU
+        everywhere at once (one line), so a compiler that rejects, say, every
+        conv of a model costs a few rounds, not one round per node."""
+        last = {_fx_nodes.op_name(n.target): r for n, r in failures}
+        for op, count in failed_ops.items():
+            if count < SYSTEMATIC_FAILURES or op not in last:
+                continue
+            rest = [n for n in _compute_nodes(graph_module.graph.nodes)
+                    if _fx_nodes.op_name(n.target) == op and n not in support.refusals]
+            if not rest:
+                continue
+            reason = f"{op} failed to compile {count} times (last: {last[op]})"
+            for n in rest:
+                support.refuse(n, reason)
+            announce(f"kiln: {op} x{len(rest)} more left to the CPU: {reason}")
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        graph_module = exported_program.graph_module
+        support = KilnOperatorSupport(exported_program)
+        if self.decompose_linear:
+            self._prerefuse_decomposed_linears(graph_module, support)
+        order = {node: i for i, node in enumerate(graph_module.graph.nodes)}
+        kept = self._propose(graph_module, support, order)
+        summary = self._summarize(graph_module, kept)
+        announce(summary.line())
+        if self.trial_compile:
+            trial = _Trial(self, exported_program, order)
+            failed_ops: Counter = Counter()
+            for round_index in range(MAX_TRIAL_ROUNDS):
+                failures, good = trial.run(kept)
+                if not failures:
+                    break
+                for node, reason in failures:
+                    support.refuse(node, reason)
+                    _announce_fallback(node, reason)
+                    failed_ops[_fx_nodes.op_name(node.target)] += 1
+                self._refuse_systematic_failures(graph_module, support, failed_ops, failures)
+                if round_index == MAX_TRIAL_ROUNDS - 1:
+                    kept = good  # give up on the partitions still failing
+                    break
+                kept = self._propose(graph_module, support, order)
+            revised = self._summarize(graph_module, kept)
+            if revised.line() != summary.line():
+                announce(revised.line())
+            summary = revised
+        self._real_state_dict = None
+
+        on_cpu_linears = {
+            linear_key(n): support.refusals.get(n, "left to the CPU")
+            for n in _compute_nodes(graph_module.graph.nodes)
+            if _fx_nodes.op_name(n.target) == LINEAR and not any(n in p.nodes for p in kept)
+        }
+        if on_cpu_linears:
+            raise LinearLeftToCpu(on_cpu_linears)
+
+        partition_tags: dict[str, DelegationSpec] = {}
         for index, partition in enumerate(kept):
             tag = f"kiln_{index}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
             partition_tags[tag] = self.delegation_spec
-            summary.partitions += 1
-            summary.ops_taken += len(_compute_nodes(partition.nodes))
         tag_constant_data(exported_program)
 
-        cpu_ops = Counter()
-        for node in _compute_nodes(graph_module.graph.nodes):
-            if "delegation_tag" not in node.meta:
-                cpu_ops[_fx_nodes.op_name(node.target)] += 1
-        summary.ops_on_cpu = dict(cpu_ops)
-        if cpu_ops.get("aten.linear.default"):
-            logger.warning(
-                "kiln: aten.linear.default was kept whole for Kiln but left to the CPU, "
-                "which has no kernel for it; the program will fail to load"
-            )
-        self._log_refusals(support, cpu_ops)
+        self._log_refusals(support, Counter(summary.ops_on_cpu))
         self.last_summary = summary
-        announce(summary.line())
         progress.start(summary)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
@@ -239,3 +377,95 @@ class KilnPartitioner(Partitioner):
         for name, count in sorted(cpu_ops.items()):
             why = reasons.get(name, f"in a partition smaller than min_block_size={self.options.min_block_size}")
             logger.debug("kiln: %s x%d on the CPU: %s", name, count, why)
+
+
+def _announce_fallback(node: torch.fx.Node, reason: str) -> None:
+    """The one line printed for a node left to the CPU because it failed to
+    compile."""
+    announce(f"kiln: {_fx_nodes.op_name(node.target)} ('{node.name}') left to the CPU: {reason}")
+
+
+class _Trial:
+    """Trial-compiles proposed partitions (see _trial.py)."""
+
+    def __init__(self, partitioner: KilnPartitioner, program: ExportedProgram, order) -> None:
+        self.options = partitioner.options
+        self.program = program
+        self.order = order
+        self.real = _trial.RealTensors(partitioner._real_state_dict, program)
+        self.enabled = True
+
+    def _names(self, nodes) -> list[str]:
+        return [n.name for n in sorted(nodes, key=self.order.__getitem__)]
+
+    def _compile(self, program, announce_as: Optional[tuple[int, int, int]]) -> Optional[BaseException]:
+        """None when `program` compiles (its engine cached when its constants
+        are the real ones), else the exception."""
+        try:
+            built = build(program, self.real.resolve)
+            key = engine_key(built.key, self.options)
+            if _trial.ENGINE_CACHE.get(key) is not None:
+                return None
+            if announce_as is not None:
+                progress.trial(*announce_as)
+            engine = _trial.compile_graph(built, self.options, _progress if announce_as else None)
+            if built.exact:
+                _trial.ENGINE_CACHE.put(key, engine)
+            return None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # anything from the builder or the native compiler
+            return e
+
+    def run(self, kept) -> tuple[list[tuple[torch.fx.Node, str]], list]:
+        """Compiles each partition of `kept`; returns ([(failing node,
+        reason)], the partitions that compiled)."""
+        if not self.enabled or not kept:
+            return [], kept
+        try:
+            programs = _trial.partition_programs(self.program, [self._names(p.nodes) for p in kept])
+        except Exception as e:  # ExecuTorch internals changed: compile at preprocess as before
+            logger.warning("kiln: cannot trial-compile partitions (%s: %s); compiling them at preprocess",
+                           type(e).__name__, e)
+            self.enabled = False
+            return [], kept
+        failures, good = [], []
+        for index, (partition, program) in enumerate(zip(kept, programs)):
+            nodes = len(_compute_nodes(partition.nodes))
+            error = self._compile(program, (index + 1, len(kept), nodes))
+            if error is None:
+                good.append(partition)
+                continue
+            reason = _trial.first_line(error)
+            logger.debug("kiln: partition %d/%d failed to compile: %s", index + 1, len(kept), error)
+            failures.append((self._culprit(partition, error), reason))
+        return failures, good
+
+    def _culprit(self, partition, error: BaseException) -> torch.fx.Node:
+        """The node the error names, else the first node whose addition makes
+        a topologically ordered prefix of the partition fail (bisection)."""
+        by_name = {n.name: n for n in partition.nodes}
+        for name in _trial.named_nodes(str(error)):
+            node = by_name.get(name)
+            if node is not None:
+                return node.args[0] if _fx_nodes.is_getitem(node) else node
+        compute = sorted(_compute_nodes(partition.nodes), key=self.order.__getitem__)
+        getitems = [n for n in partition.nodes if _fx_nodes.is_getitem(n)]
+
+        def fails(k: int) -> bool:
+            prefix = set(compute[:k])
+            prefix.update(g for g in getitems if g.args[0] in prefix)
+            try:
+                (program,) = _trial.partition_programs(self.program, [self._names(prefix)])
+            except Exception:
+                return True
+            return self._compile(program, None) is not None
+
+        lo, hi = 1, len(compute)  # prefix hi fails
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fails(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return compute[lo - 1]

@@ -1,0 +1,109 @@
+"""The coverage sweep (tools/coverage/coverage_sweep.py) on a small, fast
+subset: what CI runs of it (the full sweep is a documented command; its
+results are docs/coverage.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "coverage"))
+
+torchvision = pytest.importorskip("torchvision")
+import coverage_sweep  # noqa: E402
+import zoo  # noqa: E402
+
+pytestmark = pytest.mark.needs_compiler
+
+
+def test_zoo_weights_are_seeded_and_reproducible():
+    a, x = zoo.build("squeezenet1_1")
+    b, _ = zoo.build("squeezenet1_1")
+    assert zoo.checksum(a) == zoo.checksum(b)
+    c, _ = zoo.build("squeezenet1_1", seed=1)
+    assert zoo.checksum(c) != zoo.checksum(a)
+    with torch.no_grad():
+        out = a(x)
+    assert torch.isfinite(out).all() and out.std() > 0
+    assert zoo.parameters("squeezenet1_1") == sum(p.numel() for p in a.parameters())
+
+
+def test_zoo_lists_classification_and_segmentation():
+    names = dict(zoo.names())
+    assert names["resnet18"] == "classification"
+    assert names["fcn_resnet50"] == "segmentation"
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    pte_dir = tmp_path_factory.mktemp("pte")
+    return [coverage_sweep.export_one("squeezenet1_1", "classification", d, pte_dir, [90])
+            for d in ("float32", "float16")], pte_dir
+
+
+def test_small_models_export_with_every_op_in_kiln(records):
+    recs, pte_dir = records
+    for r in recs:
+        assert r["status"] == "pass", r
+        assert r["cpu_ops"] == {} and r["partitions"] == 1
+        assert r["compile_fallbacks"] == []
+        assert r["pte_mib"] > 0 and (pte_dir / r["pte"]).exists()
+        assert r["outputs"] == [[1, 1000]]
+
+
+def test_report_and_carry_groups(records, tmp_path):
+    recs, pte_dir = records
+    fake = [
+        {"model": "m_abort", "kind": "classification", "dtype": "float32", "status": "abort", "reason": "kiln.compile: boom"},
+        {"model": "m_cpu", "kind": "segmentation", "dtype": "float32", "status": "cpu", "params": 3e6,
+         "cpu_ops": {"aten.upsample_bilinear2d.vec": 2}, "export_s": 1.0, "pte_mib": 1.0,
+         "compile_fallbacks": ["aten.mm.default ('mm') left to the CPU: x"]},
+    ]
+    results = recs + fake
+    json_path = tmp_path / "coverage.json"
+    coverage_sweep.save_results(json_path, results)
+    gpu = tmp_path / "coverage_gpu_cov_00.json"
+    gpu.write_text(json.dumps([{"model": "squeezenet1_1", "dtype": "float32", "ok": True, "rel_err": 3e-7}]))
+    doc = tmp_path / "coverage.md"
+    coverage_sweep.main(["--report", "--json", str(json_path), "--doc", str(doc), "--gpu-results", str(tmp_path)])
+    text = doc.read_text()
+    assert "**1 aborted exports**" in text
+    assert "| aten.upsample_bilinear2d.vec | 1 | m_cpu |" in text
+    assert "| squeezenet1_1 | 1.2M | pass | 0 |" in text and "3.0e-07 ok" in text
+    assert "m_cpu fp32: aten.mm.default ('mm') left to the CPU" in text
+
+    coverage_sweep.main(["--pack", str(tmp_path / "carry"), "--keep-pte", str(pte_dir), "--json", str(json_path)])
+    (group,) = (tmp_path / "carry").iterdir()
+    manifest = json.loads((group / "manifest_coverage.json").read_text())
+    assert sorted(e["dtype"] for e in manifest) == ["float16", "float32"]
+    assert all(e["checksum"] == recs[0]["checksum"] for e in manifest if e["dtype"] == "float32")
+    assert (group / "squeezenet1_1.tar.xz").exists()
+
+
+def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
+    """gpu_coverage.py end to end with --device cpu and a stand-in runner
+    (prints the error kiln_runner would): unpacking, rebuilding the model from
+    the manifest's seed and checksum, tensor files, parsing, the JSON."""
+    import subprocess
+
+    recs, pte_dir = records
+    json_path = tmp_path / "coverage.json"
+    coverage_sweep.save_results(json_path, recs)
+    coverage_sweep.main(["--pack", str(tmp_path / "carry"), "--keep-pte", str(pte_dir), "--json", str(json_path)])
+    (group,) = (tmp_path / "carry").iterdir()
+    runner = tmp_path / "fake_runner.sh"
+    runner.write_text("#!/bin/sh\necho 'output 0: rel_err=2.5e-07 ok'\n")
+    runner.chmod(0o755)
+    out = tmp_path / "gpu"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/coverage/gpu_coverage.py"), str(group), "--runner", str(runner),
+                           "--out", str(out), "--work", str(tmp_path / "work"), "--trials", "1", "--device", "cpu"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / f"coverage_gpu_{group.name}.json").read_text())
+    assert sorted(r["dtype"] for r in results) == ["float16", "float32"]
+    assert all(r["ok"] and r["rel_err"] == 2.5e-07 for r in results)

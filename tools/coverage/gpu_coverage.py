@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""GPU side of the coverage sweep (runs on the GPU machine: torch +
+torchvision, no ExecuTorch, no Kiln Python package; scripts/gpu_coverage.sh
+builds kiln_runner and calls this).
+
+For each entry of the carried groups (manifest_coverage.json + xz archives,
+written by `coverage_sweep.py --pack`): rebuilds the model with zoo.build
+(same seeded weights; the state-dict checksum must match the manifest's),
+draws FRESH random inputs on the GPU (seed from os.urandom), computes
+PyTorch's output on the GPU (TF32 off), and runs the .pte with kiln_runner on
+the same inputs, which reports the norm-relative error of each output. float32
+reference: the model in float32; float16 reference: the float16 model's
+weights and inputs evaluated in float32, cast to float16 (as
+tests/gpu/run_gpu_tests.py does). Pass: every output within fp32 1e-4 /
+fp16 1e-2. Writes OUT/coverage_gpu_<group>.json, which
+`coverage_sweep.py --report --gpu-results ...` merges into docs/coverage.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "coverage"))
+import zoo  # noqa: E402
+
+RTOL = {"float32": 1e-4, "float16": 1e-2}
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def load_tensor_file_module():
+    spec = importlib.util.spec_from_file_location("kiln_tensor_file", ROOT / "python/kiln/tensor_file.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tensor_file = load_tensor_file_module()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, device: str = "cuda") -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = DTYPES[entry["dtype"]]
+    result = {"model": entry["model"], "dtype": entry["dtype"], "rtol": RTOL[entry["dtype"]]}
+    try:
+        model, _ = zoo.build(entry["model"], dtype, seed=entry["seed"])
+    except Exception as e:  # noqa: BLE001 - a model this torchvision lacks
+        return result | {"ok": False, "rel_err": None, "error": f"cannot build here: {type(e).__name__}: {e}"}
+    got = zoo.checksum(model)
+    if got != entry["checksum"]:
+        return result | {"ok": False, "rel_err": None, "error": f"checksum {got[:12]} != manifest {entry['checksum'][:12]}"}
+    model = model.to(device).eval()
+    exact = model if dtype == torch.float32 else copy.deepcopy(model).float()
+    worst, seeds, errors, torch_fp16 = 0.0, [], [], None
+    for trial in range(trials):
+        seed = int.from_bytes(os.urandom(4), "little")
+        seeds.append(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(entry["input"], generator=gen, device=device, dtype=dtype)
+        with torch.no_grad():
+            expected = [t.to(dtype) for t in zoo.flatten_outputs(exact(x.float()))]
+            if dtype != torch.float32:
+                mine = zoo.flatten_outputs(model(x))
+                torch_fp16 = max(rel_err(a, b) for a, b in zip(mine, expected))
+        inp = work / f"{entry['model']}_{entry['dtype']}.inputs.ktensors"
+        exp = work / f"{entry['model']}_{entry['dtype']}.expected.ktensors"
+        tensor_file.save(inp, [x.cpu()])
+        tensor_file.save(exp, [t.cpu() for t in expected])
+        cmd = [str(runner), f"--model_path={pte}", f"--inputs={inp}", f"--expected={exp}",
+               f"--rtol={RTOL[entry['dtype']]}", "--num_runs=3", "--warmup=1"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log.write("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr + f"[exit {proc.returncode}]\n\n")
+        found = [float(v) for v in re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)]
+        if not found:
+            errors.append((proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["?"])[-1][:200])
+            worst = float("nan")
+            break
+        worst = max(worst, max(found))
+        if proc.returncode != 0 and proc.returncode != 1:
+            errors.append(f"kiln_runner exit {proc.returncode}")
+    del model, exact
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    ok = not errors and worst <= RTOL[entry["dtype"]]
+    out = result | {"ok": ok, "rel_err": None if worst != worst else worst, "seeds": seeds}
+    if errors:
+        out["error"] = errors[0]
+    if torch_fp16 is not None:
+        out["torch_fp16_rel_err"] = torch_fp16
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("groups", nargs="+", type=Path, help="carry groups (folders with manifest_coverage.json)")
+    p.add_argument("--runner", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--work", type=Path, default=Path("/tmp/kiln_coverage_work"))
+    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--only", default="", help="comma-separated models")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": plumbing test only
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "none (--device cpu)"
+    print(f"GPU: {gpu}  torch {torch.__version__}", flush=True)
+    only = {m for m in args.only.split(",") if m}
+    failed = 0
+    for group in args.groups:
+        entries = json.loads((group / "manifest_coverage.json").read_text())
+        results = []
+        with open(args.out / f"coverage_gpu_{group.name}.log", "w") as log:
+            for entry in entries:
+                if only and entry["model"] not in only:
+                    continue
+                pte = args.work / entry["pte"]
+                if not pte.exists():
+                    with tarfile.open(group / entry["archive"], "r:xz") as tar:
+                        try:
+                            tar.extractall(args.work, filter="data")
+                        except TypeError:  # Python without extraction filters
+                            tar.extractall(args.work)
+                start = time.time()
+                r = check(entry, pte, args.runner, args.work, log, args.trials, args.device)
+                r["cpu_ops"] = entry.get("cpu_ops", {})
+                results.append(r)
+                failed += not r["ok"]
+                err = "n/a" if r.get("rel_err") is None else f"{r['rel_err']:.2e}"
+                extra = f" (torch fp16 {r['torch_fp16_rel_err']:.1e})" if "torch_fp16_rel_err" in r else ""
+                print(f"{'PASS' if r['ok'] else 'FAIL'}  {entry['model']:<30} {entry['dtype']:<8} rel_err={err}{extra}"
+                      f"  {r.get('error', '')}  [{time.time() - start:.0f} s]", flush=True)
+                pte.unlink(missing_ok=True)
+        (args.out / f"coverage_gpu_{group.name}.json").write_text(json.dumps(results, indent=1))
+    print(f"{failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
