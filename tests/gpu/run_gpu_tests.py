@@ -96,12 +96,17 @@ def check_model(entry, models_dir, runner, work, log, trials):
     # reference_dtype float32: PyTorch computes in float32 and rounds to the
     # dtype, so a float16/bfloat16 tolerance measures Kiln's error alone.
     exact = entry.get("reference_dtype") == "float32"
-    model = model.to(torch.float32 if exact else dtype).cuda().eval()
+    model = model.to(dtype).cuda().eval()
+    fp32 = copy.deepcopy(model).float() if exact else None
+
+    def as_list(out):
+        return [out] if isinstance(out, torch.Tensor) else list(out)
 
     def reference(inputs):
-        expected = model(*[t.float() for t in inputs]) if exact else model(*inputs)
-        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-        return [t.to(dtype) for t in expected], []
+        expected = as_list(model(*inputs))
+        if exact:  # the float32 result, in the dtypes the program returns
+            expected = [r.to(t.dtype) for r, t in zip(as_list(fp32(*[t.float() for t in inputs])), expected)]
+        return expected, []
 
     results = []
     for trial in range(trials):
