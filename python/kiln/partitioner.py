@@ -148,6 +148,18 @@ def _compute_nodes(nodes) -> list[torch.fx.Node]:
     return [n for n in nodes if n.op == "call_function" and not _fx_nodes.is_getitem(n)]
 
 
+# Ops to_edge would otherwise decompose, kept as one node when the compiler
+# takes it (KilnPartitioner.ops_to_not_decompose), as aten.linear is.
+KEPT_WHEN_TAKEN = (
+    torch.ops.aten.reflection_pad1d.default,
+    torch.ops.aten.reflection_pad2d.default,
+    torch.ops.aten.reflection_pad3d.default,
+    torch.ops.aten.replication_pad1d.default,
+    torch.ops.aten.replication_pad2d.default,
+    torch.ops.aten.replication_pad3d.default,
+)
+
+
 class KilnPartitioner(Partitioner):
     """Tags the largest subgraphs Kiln supports for delegation to KilnBackend.
 
@@ -173,6 +185,9 @@ class KilnPartitioner(Partitioner):
         # ExecuTorch has no CPU kernel for aten.linear, so only when every
         # supported node is sure to be delegated (min_block_size == 1);
         # otherwise it decomposes into permute_copy + addmm as usual.
+        # The same for reflection/replication pads (KEPT_WHEN_TAKEN): their
+        # core-ATen decomposition is an index gather Kiln cannot take, and
+        # to_edge refuses a kept op that ends up undelegated.
         if self.options.min_block_size != 1:
             return [], None
         constants = _fx_nodes.constant_placeholder_names(ep)
@@ -180,7 +195,7 @@ class KilnPartitioner(Partitioner):
         def keep(node: torch.fx.Node) -> bool:
             return query_support(node, constants) is None
 
-        return [torch.ops.aten.linear.default], keep
+        return [torch.ops.aten.linear.default, *KEPT_WHEN_TAKEN], keep
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         graph_module = exported_program.graph_module
