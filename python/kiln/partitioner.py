@@ -195,6 +195,18 @@ def _compute_nodes(nodes) -> list[torch.fx.Node]:
     return [n for n in nodes if n.op == "call_function" and not _fx_nodes.is_getitem(n)]
 
 
+# Ops to_edge would otherwise decompose, kept as one node when the compiler
+# takes it (KilnPartitioner.ops_to_not_decompose), as aten.linear is.
+KEPT_WHEN_TAKEN = (
+    torch.ops.aten.reflection_pad1d.default,
+    torch.ops.aten.reflection_pad2d.default,
+    torch.ops.aten.reflection_pad3d.default,
+    torch.ops.aten.replication_pad1d.default,
+    torch.ops.aten.replication_pad2d.default,
+    torch.ops.aten.replication_pad3d.default,
+)
+
+
 class KilnPartitioner(Partitioner):
     """Tags the largest subgraphs Kiln supports for delegation to KilnBackend.
 
@@ -237,6 +249,10 @@ class KilnPartitioner(Partitioner):
         # ExecuTorch has no CPU kernel for aten.linear, so only when every
         # supported node is sure to be delegated (min_block_size == 1);
         # otherwise it decomposes into permute_copy + addmm as usual.
+        # The same for reflection/replication pads (KEPT_WHEN_TAKEN): their
+        # core-ATen decomposition is an index gather Kiln cannot take, and
+        # to_edge refuses a kept op that ends up undelegated (a kept op whose
+        # trial compile fails is decomposed on the next lowering, as a linear).
         self._real_state_dict = dict(ep.state_dict)
         if self.options.min_block_size != 1 or DECOMPOSE_ALL_LINEARS in self.decompose_linear:
             return [], None
@@ -247,7 +263,7 @@ class KilnPartitioner(Partitioner):
                 return False
             return query_support(node, constants) is None
 
-        return [torch.ops.aten.linear.default], keep
+        return [torch.ops.aten.linear.default, *KEPT_WHEN_TAKEN], keep
 
     def _propose(self, graph_module, support: KilnOperatorSupport, order) -> list:
         proposed = CapabilityBasedPartitioner(
@@ -345,10 +361,11 @@ class KilnPartitioner(Partitioner):
             summary = revised
         self._real_state_dict = None
 
+        kept_whole = {LINEAR} | {_fx_nodes.op_name(op) for op in KEPT_WHEN_TAKEN}
         on_cpu_linears = {
             linear_key(n): support.refusals.get(n, "left to the CPU")
             for n in _compute_nodes(graph_module.graph.nodes)
-            if _fx_nodes.op_name(n.target) == LINEAR and not any(n in p.nodes for p in kept)
+            if _fx_nodes.op_name(n.target) in kept_whole and not any(n in p.nodes for p in kept)
         }
         if on_cpu_linears:
             raise LinearLeftToCpu(on_cpu_linears)

@@ -27,6 +27,10 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(4) ushort2 { unsigned short x, y; };
 struct alignas(8) ushort4 { unsigned short x, y, z, w; };
 
+// CUDA's integer min/max overloads (generated index arithmetic uses them).
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+
 inline float __uint_as_float(unsigned int u) {
   float f;
   std::memcpy(&f, &u, 4);

@@ -80,6 +80,16 @@ class Vision(torch.nn.Module):
         return F.adaptive_avg_pool2d(a, 2).flatten(1), F.hardswish(a) * F.hardsigmoid(a)
 
 
+class Resample(torch.nn.Module):
+    def forward(self, x, v):
+        up = F.interpolate(x, scale_factor=2, mode="nearest") + F.interpolate(x, scale_factor=2, mode="bilinear")
+        pads = (F.pad(x, (1, 2, 0, 1), value=0.5), F.pad(x, (1, 1, 2, 0), mode="reflect"),
+                F.pad(x, (1, 1, 2, 0), mode="replicate"), F.pad(x[0], (1, 2), mode="reflect"),
+                F.pad(x[0], (2, 0), mode="replicate"))
+        volume = (F.pad(v, (1, 1, 0, 1, 1, 0), mode="reflect"), F.pad(v, (0, 1, 1, 1, 2, 0), mode="replicate"))
+        return (up,) + pads + volume
+
+
 def _examples():
     torch.manual_seed(0)
     return {
@@ -87,6 +97,7 @@ def _examples():
         "matmuls": (Matmuls(), (torch.randn(4, 8), torch.randn(4, 5))),
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
         "vision": (Vision().eval(), (torch.randn(1, 3, 8, 8),)),
+        "resample": (Resample(), (torch.randn(1, 2, 4, 5), torch.randn(1, 2, 3, 4, 5))),
     } | {
         name: (factory(), tuple(torch.randn(shape) for shape in conformance_elementwise.CASES[name]))
         for name, factory in conformance_elementwise.FACTORIES.items()
@@ -110,6 +121,9 @@ NOT_IN_EDGE_PROGRAMS = {
     # decomposed by to_edge (their decompositions are taken instead)
     "aten.hardswish.default", "aten.hardsigmoid.default", "aten.silu.default", "aten.mish.default",
     "aten.softplus.default", "aten.square.default", "aten.masked_fill.Scalar",
+    # F.interpolate calls the .vec overloads; the .default ones (explicit
+    # output_size and scales_h/scales_w) only come from hand-written graphs
+    "aten.upsample_nearest2d.default", "aten.upsample_bilinear2d.default",
 }
 
 
@@ -140,6 +154,8 @@ def test_every_registered_op_is_exercised(compiled_examples):
         seen |= {_fx_nodes.op_name(n.target) for n in edge.exported_program().graph.nodes
                  if n.op == "call_function" and not _fx_nodes.is_getitem(n)}
         seen.add("aten.linear.default")  # kept whole by the partitioner, decomposed by plain to_edge
+        # so are the reflection/replication pads the resample example uses
+        seen |= {_fx_nodes.op_name(op) for op in kiln.partitioner.KEPT_WHEN_TAKEN}
     registered = set(native().supported_ops())
     missing = registered - seen - NOT_IN_EDGE_PROGRAMS
     assert not missing, f"registered ops no example program exercises (add one): {sorted(missing)}"
