@@ -227,14 +227,16 @@ def test_reduction_view_linear_never_aborts(capsys, tmp_path):
     assert "KilnBackend" in compiled.delegates
     lines = fallback_lines(capsys.readouterr().err)
     if cpu:  # the compiler still refuses it: the GEMM fell back, with its reason
-        assert set(cpu) <= {"aten.addmm.default", "aten.permute_copy.default", "aten.mean.dim"}, cpu
+        assert set(cpu) <= {"aten.addmm.default", "aten.permute_copy.default"}, cpu
+        # The failure names the GEMM's operand (the mean); the GEMM is blamed.
         assert lines and all("left to the CPU: " in l for l in lines)
+        assert not any(l.startswith("kiln: aten.mean.dim") for l in lines), lines
     assert kiln.save(compiled, tmp_path / "m.pte").stat().st_size > 0
 
 
 class DeepSigmoid(torch.nn.Module):
     def forward(self, x):
-        for _ in range(8):
+        for _ in range(12):
             x = torch.sigmoid(x) * 1.5
         return x
 
@@ -242,11 +244,11 @@ class DeepSigmoid(torch.nn.Module):
 def test_an_op_failing_everywhere_is_refused_in_bulk(inject, count_compiles, capsys):
     inject({"aten.sigmoid.default": "named"})
     compiled = _compile(export(DeepSigmoid(), torch.randn(4, 8)))
-    assert compiled.summary.ops_on_cpu == {"aten.sigmoid.default": 8}
+    assert compiled.summary.ops_on_cpu == {"aten.sigmoid.default": 12}
     err = capsys.readouterr().err
-    assert len(fallback_lines(err)) == 3
-    assert "kiln: aten.sigmoid.default x5 more left to the CPU: aten.sigmoid.default failed to compile 3 times" in err
-    assert len(count_compiles) <= 24  # one round per node would be ~45
+    assert len(fallback_lines(err)) == 8
+    assert "kiln: aten.sigmoid.default x4 more left to the CPU: aten.sigmoid.default failed to compile 8 times" in err
+    assert len(count_compiles) <= 60  # one round per node would be ~90
 
 
 class ConvBn(torch.nn.Module):
