@@ -12,6 +12,7 @@ that compiled are reused by ``KilnBackend.preprocess``.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -42,7 +43,11 @@ LINEAR = "aten.linear.default"
 # Rounds of (propose partitions, trial-compile them, refuse the failing node).
 MAX_TRIAL_ROUNDS = 64
 # Failures of one op after which all its nodes stay on the CPU.
-SYSTEMATIC_FAILURES = 3
+SYSTEMATIC_FAILURES = 8
+# Ops that run as a GEMM step; a failing GEMM step that names its input or
+# output tensor is blamed on the GEMM node, not on the tensor's producer.
+_GEMM_OPS = {"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.bmm.default",
+             "aten.convolution.default"}
 # ops_to_not_decompose: decompose every aten.linear (see LinearLeftToCpu).
 DECOMPOSE_ALL_LINEARS = "*"
 
@@ -351,24 +356,27 @@ class KilnPartitioner(Partitioner):
                     _announce_fallback(node, reason)
                     failed_ops[_fx_nodes.op_name(node.target)] += 1
                 self._refuse_systematic_failures(graph_module, support, failed_ops, failures)
+                if any(_fx_nodes.op_name(n.target) == LINEAR for n, _ in failures):
+                    break  # lowered again with it decomposed (below): no use compiling the rest now
                 if round_index == MAX_TRIAL_ROUNDS - 1:
                     kept = good  # give up on the partitions still failing
                     break
                 kept = self._propose(graph_module, support, order)
-            revised = self._summarize(graph_module, kept)
-            if revised.line() != summary.line():
-                announce(revised.line())
-            summary = revised
         self._real_state_dict = None
 
         kept_whole = {LINEAR} | {_fx_nodes.op_name(op) for op in KEPT_WHEN_TAKEN}
         on_cpu_linears = {
             linear_key(n): support.refusals.get(n, "left to the CPU")
             for n in _compute_nodes(graph_module.graph.nodes)
-            if _fx_nodes.op_name(n.target) in kept_whole and not any(n in p.nodes for p in kept)
+            if _fx_nodes.op_name(n.target) in kept_whole
+            and (n in support.refusals or not any(n in p.nodes for p in kept))
         }
         if on_cpu_linears:
             raise LinearLeftToCpu(on_cpu_linears)
+        revised = self._summarize(graph_module, kept)
+        if revised.line() != summary.line():
+            announce(revised.line())
+        summary = revised
 
         partition_tags: dict[str, DelegationSpec] = {}
         for index, partition in enumerate(kept):
@@ -458,14 +466,41 @@ class _Trial:
             failures.append((self._culprit(partition, error), reason))
         return failures, good
 
+    def _gemm_consumer(self, node: torch.fx.Node, members: set, hops: int = 4) -> Optional[torch.fx.Node]:
+        """The first GEMM-family node in the partition reached from `node`
+        through at most `hops` users (views and layout ops in between)."""
+        frontier, seen = [node], {node}
+        for _ in range(hops):
+            nxt = []
+            for n in frontier:
+                for u in sorted(n.users, key=self.order.__getitem__):
+                    if u in members and u not in seen:
+                        if _fx_nodes.op_name(u.target) in _GEMM_OPS:
+                            return u
+                        seen.add(u)
+                        nxt.append(u)
+            frontier = nxt
+        return None
+
     def _culprit(self, partition, error: BaseException) -> torch.fx.Node:
         """The node the error names, else the first node whose addition makes
         a topologically ordered prefix of the partition fail (bisection)."""
         by_name = {n.name: n for n in partition.nodes}
-        for name in _trial.named_nodes(str(error)):
+        message = str(error)
+        gemm_step = re.search(r"\(gemm '", message) is not None
+        for name in _trial.named_nodes(message):
             node = by_name.get(name)
-            if node is not None:
-                return node.args[0] if _fx_nodes.is_getitem(node) else node
+            if node is None:
+                continue
+            node = node.args[0] if _fx_nodes.is_getitem(node) else node
+            if gemm_step and re.search(rf"tensor \d+ '{re.escape(name)}'", message) and \
+                    _fx_nodes.op_name(node.target) not in _GEMM_OPS:
+                # "(gemm 'label'): gemm a tensor 7 'x' ...": x is the GEMM's
+                # operand; the GEMM consuming it is what failed.
+                gemm = self._gemm_consumer(node, set(partition.nodes))
+                if gemm is not None:
+                    return gemm
+            return node
         compute = sorted(_compute_nodes(partition.nodes), key=self.order.__getitem__)
         getitems = [n for n in partition.nodes if _fx_nodes.is_getitem(n)]
 

@@ -232,7 +232,7 @@ def test_reduction_view_linear_never_aborts(capsys, tmp_path):
 
 class DeepSigmoid(torch.nn.Module):
     def forward(self, x):
-        for _ in range(8):
+        for _ in range(12):
             x = torch.sigmoid(x) * 1.5
         return x
 
@@ -240,11 +240,11 @@ class DeepSigmoid(torch.nn.Module):
 def test_an_op_failing_everywhere_is_refused_in_bulk(inject, count_compiles, capsys):
     inject({"aten.sigmoid.default": "named"})
     compiled = _compile(export(DeepSigmoid(), torch.randn(4, 8)))
-    assert compiled.summary.ops_on_cpu == {"aten.sigmoid.default": 8}
+    assert compiled.summary.ops_on_cpu == {"aten.sigmoid.default": 12}
     err = capsys.readouterr().err
-    assert len(fallback_lines(err)) == 3
-    assert "kiln: aten.sigmoid.default x5 more left to the CPU: aten.sigmoid.default failed to compile 3 times" in err
-    assert len(count_compiles) <= 24  # one round per node would be ~45
+    assert len(fallback_lines(err)) == 8
+    assert "kiln: aten.sigmoid.default x4 more left to the CPU: aten.sigmoid.default failed to compile 8 times" in err
+    assert len(count_compiles) <= 60  # one round per node would be ~90
 
 
 class ConvBn(torch.nn.Module):

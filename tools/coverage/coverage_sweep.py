@@ -257,8 +257,13 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         "norm-relative error of kiln_runner's output against PyTorch on the H200 on fresh random",
         "inputs (`tools/coverage/gpu_coverage.py`; fp32 <= 1e-4, fp16 <= 1e-2); empty until that runs.",
         "",
-        "Reproduce: `PYTHONPATH=python nice -n 19 python3 tools/coverage/coverage_sweep.py` (resumes",
-        "from `docs/coverage.json`; `--fresh` starts over).",
+        "Reproduce: `PYTHONPATH=python nice -n 19 python3 tools/coverage/coverage_sweep.py --keep-pte",
+        "out/coverage/pte` (resumes from `docs/coverage.json`; `--fresh` starts over). GPU errors:",
+        "`python3 tools/coverage/coverage_sweep.py --pack .gpu_carry/coverage --keep-pte out/coverage/pte`,",
+        "`bash scripts/make_executorch_sdk.sh .gpu_carry/executorch_sdk`, then on the GPU machine one call",
+        "per group carrying `.gpu_carry/executorch_sdk` and `.gpu_carry/coverage/cov_NN`:",
+        "`bash scripts/gpu_coverage.sh .gpu_carry/coverage/cov_NN`; copy `$OUT/coverage_gpu_cov_NN.json`",
+        "into `docs/coverage_gpu/` and run `python3 tools/coverage/coverage_sweep.py --report`.",
         "",
     ]
     lines += _summary(results, by, gpu, planned)
@@ -312,9 +317,10 @@ def _summary(results, by, gpu, planned) -> list[str]:
             ok = sum(1 for x in g if x.get("ok"))
             out.append(f"  - GPU: {ok}/{len(g)} match PyTorch (rtol {RTOL[d]})")
     if planned:
-        missing = [f"{n} {SHORT[d]}" for n, d in planned if (n, d) not in by]
-        if missing:
-            out.append(f"- not reached yet ({len(missing)}): " + ", ".join(missing))
+        for d in SHORT:
+            missing = [n for n, dd in planned if dd == d and (n, d) not in by]
+            if missing:
+                out.append(f"- {d} not reached yet ({len(missing)}): " + ", ".join(missing))
     ops: dict[str, set[str]] = defaultdict(set)
     for r in results:
         for op in r.get("cpu_ops") or {}:
@@ -411,7 +417,9 @@ def main(argv=None) -> int:
         pack(args)
         return 0
     if args.report:
-        write_doc(args.doc, load_results(args.json), load_gpu(args.gpu_results))
+        dtypes = [d for d in args.dtypes.split(",") if d]
+        write_doc(args.doc, load_results(args.json), load_gpu(args.gpu_results),
+                  planned=[(n, d) for d in dtypes for n, _ in zoo.names()])
         return 0
     sweep(args)
     return 0
