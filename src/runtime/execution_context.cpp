@@ -276,16 +276,27 @@ Status ExecutionContext::run(cudaStream_t stream) {
     profile = capture == cudaStreamCaptureStatusNone;
     if (profile) KILN_RETURN_IF_ERROR(profiler_.hold(stream));
   }
+  // Every path out of a profiled run releases the held stream.
   for (size_t i = 0; i < n; ++i) {
-    if (profile) KILN_RETURN_IF_ERROR(profiler_.mark(i, stream));
+    if (profile) {
+      Status marked = profiler_.mark(i, stream);
+      if (!marked.is_ok()) {
+        profiler_.abandon_run();
+        return marked;
+      }
+    }
     Status status = executors_[i]->run(stream);
     if (!status.is_ok()) {
-      if (profile) (void)profiler_.finish_run();  // releases the held stream
+      if (profile) profiler_.abandon_run();
       return status.with_context(step_label(engine_->desc(), i));
     }
   }
   if (profile) {
-    KILN_RETURN_IF_ERROR(profiler_.mark(n, stream));
+    Status marked = profiler_.mark(n, stream);
+    if (!marked.is_ok()) {
+      profiler_.abandon_run();
+      return marked;
+    }
     KILN_RETURN_IF_ERROR(profiler_.finish_run());
   }
   return Status::ok();
