@@ -43,6 +43,8 @@ Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
       new ExecutionContext(std::move(engine), std::move(options)));
   // On failure `context` is destroyed, freeing whatever was allocated.
   KILN_RETURN_IF_ERROR(context->allocate_buffers());
+  KILN_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&context->run_done_, cudaEventDisableTiming));
   KILN_RETURN_IF_ERROR(context->prepare_steps());
   if (StepProfiler::requested())
     KILN_RETURN_IF_ERROR(context->profiler_.init(context->engine_->desc().steps.size()));
@@ -70,6 +72,11 @@ Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
 
 ExecutionContext::~ExecutionContext() {
   profiler_.report(engine_->desc());
+  // A run still in flight (device-only I/O) may use the buffers freed below.
+  if (run_done_ != nullptr) {
+    if (run_pending_) (void)cudaEventSynchronize(run_done_);
+    (void)cudaEventDestroy(run_done_);
+  }
   graph_.reset();
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   executors_.clear();  // before the kind contexts they use
