@@ -45,7 +45,6 @@ struct KilnHandle {
   std::unique_ptr<runtime::ExecutionContext> context;
   runtime::ContextStats reported;  // stats already added to the process counters
   bool graph_reason_logged = false;
-  bool host_for_device_logged = false;
 };
 
 // Process-wide settings (set_option) and counters (get_option).
@@ -222,23 +221,25 @@ bool is_device_memory(const void* data) {
   return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }
 
-// Fills `io` from a checked tensor argument.
-void describe_io(KilnHandle& handle, const Tensor& t, bool is_input, size_t index,
-                 runtime::IoBuffer* io) {
+// Fills `io` from a checked tensor argument. A CUDA-tagged tensor (a program
+// exported for device-resident I/O) must hold device memory: host memory
+// there means the caller gave a CPU tensor to a device-resident program,
+// refused rather than staged, so that the mistake (and its hidden copies)
+// is seen at once.
+Error describe_io(const Tensor& t, bool is_input, size_t index, int engine_device,
+                  runtime::IoBuffer* io) {
   io->data = is_input ? const_cast<void*>(t.const_data_ptr()) : t.mutable_data_ptr();
   io->nbytes = t.nbytes();
   io->on_device = t.device_type() == executorch::aten::DeviceType::CUDA;
   if (io->on_device && io->nbytes > 0 && !is_device_memory(io->data)) {
-    io->on_device = false;  // stage it like any host tensor
-    if (!handle.host_for_device_logged) {
-      handle.host_for_device_logged = true;
-      ET_LOG(Info,
-             "KilnBackend: warning: %s %zu is tagged as a CUDA tensor (the program was exported "
-             "for device-resident I/O) but holds host memory; it is copied through staging "
-             "buffers (logged once per delegate)",
-             is_input ? "input" : "output", index);
-    }
+    ET_LOG(Error,
+           "KilnBackend: %s %zu: expected CUDA device memory on device %d (the program was "
+           "exported for device-resident inputs/outputs), got host memory (a CPU tensor?); "
+           "give a CUDA tensor, or export without device-resident I/O",
+           is_input ? "input" : "output", index, engine_device);
+    return Error::InvalidArgument;
   }
+  return Error::Ok;
 }
 
 }  // namespace
@@ -356,13 +357,15 @@ Error KilnBackend::execute(et::BackendExecutionContext& context, DelegateHandle*
   for (size_t i = 0; i < n_inputs; ++i) {
     Error error = check_tensor(args[i], exec.input_desc(i), "input", i, engine_device);
     if (error != Error::Ok) return error;
-    describe_io(kiln_handle, args[i]->toTensor(), true, i, &inputs[i]);
+    error = describe_io(args[i]->toTensor(), true, i, engine_device, &inputs[i]);
+    if (error != Error::Ok) return error;
   }
   for (size_t i = 0; i < n_outputs; ++i) {
     EValue* value = args[n_inputs + i];
     Error error = check_tensor(value, exec.output_desc(i), "output", i, engine_device);
     if (error != Error::Ok) return error;
-    describe_io(kiln_handle, value->toTensor(), false, i, &outputs[i]);
+    error = describe_io(value->toTensor(), false, i, engine_device, &outputs[i]);
+    if (error != Error::Ok) return error;
   }
   status = exec.execute(inputs, outputs, stream);
   report_stats(kiln_handle);

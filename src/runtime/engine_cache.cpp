@@ -2,12 +2,10 @@
 
 #include <chrono>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <utility>
 
 #include "engine_format/engine_format.h"
+#include "runtime/bytes_keyed_cache.h"
 
 namespace kiln::runtime {
 namespace {
@@ -26,20 +24,7 @@ uint64_t mix(uint64_t x) {
   return x;
 }
 
-struct Key {
-  int device;
-  uint64_t hash;
-  size_t size;
-  uint64_t options;
-  bool operator<(const Key& o) const {
-    return std::tie(device, hash, size, options) < std::tie(o.device, o.hash, o.size, o.options);
-  }
-};
-
-struct Cache {
-  std::mutex mutex;  // held across a whole load: loads are rare, sharing is the point
-  std::map<Key, std::weak_ptr<const Engine>> engines;
-};
+using Cache = BytesKeyedCache<Engine>;
 
 Cache& cache() {
   // Leaked on purpose: contexts may be destroyed during static teardown.
@@ -94,31 +79,17 @@ Result<std::shared_ptr<const Engine>> load_engine_shared(const void* bytes, size
   s.hash = hash_bytes(bytes, size);
   s.hash_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const Key key{device, s.hash, size, options_key};
-
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  auto it = c.engines.find(key);
-  if (it != c.engines.end()) {
-    if (std::shared_ptr<const Engine> existing = it->second.lock()) {
-      s.shared = true;
-      return existing;
-    }
-  }
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Engine> loaded, load_private(bytes, size, device));
-  c.engines[key] = loaded;
-  // Drop entries whose Engine is gone, so the map does not grow without bound.
-  for (auto e = c.engines.begin(); e != c.engines.end();)
-    e = e->second.expired() ? c.engines.erase(e) : std::next(e);
-  return loaded;
+  const BytesKey key{device, s.hash, size, options_key};
+  Cache::Lookup lookup;
+  Result<std::shared_ptr<const Engine>> engine = cache().get_or_load(
+      key, bytes, size, [&] { return load_private(bytes, size, device); }, &lookup);
+  s.shared = lookup.shared;
+  s.collided = lookup.collided;
+  return engine;
 }
 
 size_t shared_engine_count() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  size_t n = 0;
-  for (const auto& e : c.engines) n += e.second.expired() ? 0 : 1;
-  return n;
+  return cache().live_count();
 }
 
 }  // namespace kiln::runtime

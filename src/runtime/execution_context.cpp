@@ -43,6 +43,8 @@ Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
       new ExecutionContext(std::move(engine), std::move(options)));
   // On failure `context` is destroyed, freeing whatever was allocated.
   KILN_RETURN_IF_ERROR(context->allocate_buffers());
+  KILN_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&context->run_done_, cudaEventDisableTiming));
   KILN_RETURN_IF_ERROR(context->prepare_steps());
   if (StepProfiler::requested())
     KILN_RETURN_IF_ERROR(context->profiler_.init(context->engine_->desc().steps.size()));
@@ -70,6 +72,11 @@ Result<std::unique_ptr<ExecutionContext>> ExecutionContext::create(
 
 ExecutionContext::~ExecutionContext() {
   profiler_.report(engine_->desc());
+  // A run still in flight (device-only I/O) may use the buffers freed below.
+  if (run_done_ != nullptr) {
+    if (run_pending_) (void)cudaEventSynchronize(run_done_);
+    (void)cudaEventDestroy(run_done_);
+  }
   graph_.reset();
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   executors_.clear();  // before the kind contexts they use
@@ -276,16 +283,27 @@ Status ExecutionContext::run(cudaStream_t stream) {
     profile = capture == cudaStreamCaptureStatusNone;
     if (profile) KILN_RETURN_IF_ERROR(profiler_.hold(stream));
   }
+  // Every path out of a profiled run releases the held stream.
   for (size_t i = 0; i < n; ++i) {
-    if (profile) KILN_RETURN_IF_ERROR(profiler_.mark(i, stream));
+    if (profile) {
+      Status marked = profiler_.mark(i, stream);
+      if (!marked.is_ok()) {
+        profiler_.abandon_run();
+        return marked;
+      }
+    }
     Status status = executors_[i]->run(stream);
     if (!status.is_ok()) {
-      if (profile) (void)profiler_.finish_run();  // releases the held stream
+      if (profile) profiler_.abandon_run();
       return status.with_context(step_label(engine_->desc(), i));
     }
   }
   if (profile) {
-    KILN_RETURN_IF_ERROR(profiler_.mark(n, stream));
+    Status marked = profiler_.mark(n, stream);
+    if (!marked.is_ok()) {
+      profiler_.abandon_run();
+      return marked;
+    }
     KILN_RETURN_IF_ERROR(profiler_.finish_run());
   }
   return Status::ok();

@@ -69,7 +69,9 @@ class ExecutionContext {
 
   // Enqueues every step on `stream` over the currently bound buffers (this
   // context's own input/output buffers unless execute() bound others). Does
-  // not synchronize; for a context with a shared scratch, call execute().
+  // not synchronize and does not order itself after earlier runs on other
+  // streams (execute() does); for a context with a shared scratch, call
+  // execute().
   Status run(cudaStream_t stream);
 
   // One call: host inputs are copied through pinned staging, device inputs
@@ -78,6 +80,9 @@ class ExecutionContext {
   // on the host or the scratch is shared (the buffers are reused by the next
   // call / the next context); with only device I/O it returns without
   // waiting and the outputs are ready when `stream` reaches this point.
+  // Consecutive calls may use different streams: each run waits (on the GPU,
+  // cudaStreamWaitEvent) for the previous run of this context, which used
+  // the same arena, workspace and buffers.
   Status execute(const IoBuffer* inputs, const IoBuffer* outputs, cudaStream_t stream);
 
   // execute() with every input and output in host memory.
@@ -163,6 +168,12 @@ class ExecutionContext {
   std::vector<uint8_t> graph_input_on_device_;
   std::vector<uint8_t> graph_output_on_device_;
   std::vector<IoBuffer> host_io_;  // execute_host's arguments, sized once
+
+  // Ordering of runs on different streams: recorded on the run's stream at
+  // the end of every run that returns without waiting; the next run waits
+  // for it on its own stream. Created at create() (no allocation per run).
+  cudaEvent_t run_done_ = nullptr;
+  bool run_pending_ = false;  // run_done_ marks a run the host has not waited for
 
   ContextStats stats_;
   StepProfiler profiler_;  // KILN_PROFILE_STEPS=1 only

@@ -123,6 +123,22 @@ Status ExecutionContext::execute_locked(const IoBuffer* inputs, const IoBuffer* 
     }
   }
   for (size_t i = 0; i < num_outputs(); ++i) host_io |= !outputs[i].on_device;
+  const bool must_wait = host_io || scratch_ != nullptr;
+
+  // Runs of this context share its arena, workspace and I/O buffers. The
+  // previous run may still be in flight on another stream (device-only I/O
+  // returns without waiting), so this one waits for it on the GPU. A stream
+  // being captured into the caller's own graph cannot wait on an event
+  // recorded outside that capture: such a run is neither ordered nor
+  // recorded here (the caller orders its graph's launches).
+  bool capturing = false;
+  if (run_pending_ || !must_wait) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    KILN_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    capturing = capture != cudaStreamCaptureStatusNone;
+  }
+  if (run_pending_ && !capturing)
+    KILN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, run_done_, 0));
 
   Status status;
   if (graphs_enabled_) {
@@ -142,7 +158,6 @@ Status ExecutionContext::execute_locked(const IoBuffer* inputs, const IoBuffer* 
     status = rebind(arena, inputs, outputs);
     if (status.is_ok()) status = enqueue(inputs, outputs, stream);
   }
-  const bool must_wait = host_io || scratch_ != nullptr;
   if (!status.is_ok()) {
     // Wait for what was enqueued so the next call cannot race with it.
     (void)cudaStreamSynchronize(stream);
@@ -150,9 +165,22 @@ Status ExecutionContext::execute_locked(const IoBuffer* inputs, const IoBuffer* 
     return status;
   }
   ++stats_.runs;
-  if (!must_wait) return Status::ok();
+  if (!must_wait) {
+    if (capturing) return Status::ok();
+    const cudaError_t recorded = cudaEventRecord(run_done_, stream);
+    if (recorded != cudaSuccess) {
+      // Unrecorded, this run could race with the next one: finish it here.
+      (void)cudaStreamSynchronize(stream);
+      return cuda_error_status(recorded, "cudaEventRecord(run_done_, stream)", __FILE__,
+                               __LINE__);
+    }
+    run_pending_ = true;
+    return Status::ok();
+  }
   // Kernel faults surface here.
   KILN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // This stream waited for the previous run (above), so both are done.
+  run_pending_ = false;
   for (size_t i = 0; i < num_outputs(); ++i) {
     if (outputs[i].on_device || outputs[i].nbytes == 0) continue;
     std::memcpy(outputs[i].data, output_pinned_[i], outputs[i].nbytes);

@@ -1,7 +1,7 @@
 // Per-step GPU times of plain (non-graph) runs, for finding which kernels take
 // an engine's time: KILN_PROFILE_STEPS=1 in the environment. Events are made
-// when the context is created; a profiled run holds its stream with a host
-// function until every step is enqueued, so the GPU then runs the steps back
+// when the context is created; a profiled run holds its stream (StreamGate: a
+// GPU-side wait, bounded, no host function) until every step is enqueued, so the GPU then runs the steps back
 // to back and each event interval is GPU time (as under graph replay), not
 // the CPU's launch cost. The run then waits for its last event. The table (slowest steps first, with each step's
 // label and summary) goes to stderr when the context is destroyed. Off (the
@@ -34,6 +34,9 @@ class StepProfiler {
   Status mark(size_t boundary, cudaStream_t stream);
   // After the last step: waits for the run and adds each step's time.
   Status finish_run();
+  // On an error path: releases the held stream (and waits for it) without
+  // counting the run.
+  void abandon_run();
   void report(const engine::EngineDesc& desc) const;
 
  private:

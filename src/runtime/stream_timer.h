@@ -13,8 +13,9 @@
 
 namespace kiln::runtime {
 
-// Two events, created on first use and destroyed with the object (on every
-// path out of a search). Not thread-safe; one per search.
+// Two events and a gate (its pinned flag), created on first use and destroyed
+// with the object (on every path out of a search). Not thread-safe; one per
+// search.
 class StreamTimer {
  public:
   StreamTimer() = default;
@@ -32,12 +33,16 @@ class StreamTimer {
   Result<float> time(cudaStream_t stream, int runs, Enqueue&& enqueue) {
     if (start_ == nullptr) KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_));
     if (stop_ == nullptr) KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_));
-    StreamGate gate;  // released, and the stream waited for, on every path out
-    KILN_RETURN_IF_ERROR(gate.hold(stream));
+    // Released, and the stream waited for, on every path out.
+    struct ReleaseOnExit {
+      StreamGate& gate;
+      ~ReleaseOnExit() { (void)gate.release_and_sync(); }
+    } release{gate_};
+    KILN_RETURN_IF_ERROR(gate_.hold(stream));
     KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream));
     for (int i = 0; i < runs; ++i) KILN_RETURN_IF_ERROR(enqueue());
     KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop_, stream));
-    KILN_RETURN_IF_ERROR(gate.release_and_sync());
+    KILN_RETURN_IF_ERROR(gate_.release_and_sync());
     float ms = 0.0f;
     KILN_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_));
     return ms / static_cast<float>(runs);
@@ -46,6 +51,7 @@ class StreamTimer {
  private:
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
+  StreamGate gate_;  // declared last: destroyed (released) before the events
 };
 
 }  // namespace kiln::runtime

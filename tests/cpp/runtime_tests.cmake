@@ -20,6 +20,19 @@ if(TARGET kiln_runner)
   target_link_libraries(kiln_runtime_features_test PRIVATE
     kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
     executorch::kernels_optimized Threads::Threads)
+
+  # Issue 13's GPU reliability tests (bad inputs through Module, 8 threads x 10,000
+  # runs, alternating caller streams, load/run/destroy cycles, out of memory, SM
+  # mismatch), on the files of tests/gpu/export_reliability_tests.py; run by
+  # scripts/gpu_reliability_tests.sh, not by ctest. Prints SKIP without a GPU.
+  add_executable(kiln_reliability_test
+    ${PROJECT_SOURCE_DIR}/tests/gpu/reliability_test.cpp
+    ${_runner_dir}/tensor_file.cpp
+    ${_runner_dir}/tensor_math.cpp)
+  target_include_directories(kiln_reliability_test PRIVATE ${_runner_dir})
+  target_link_libraries(kiln_reliability_test PRIVATE
+    kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
+    executorch::kernels_optimized Threads::Threads)
 endif()
 
 # The shared-engine cache's hash and failure path (no GPU needed).
