@@ -17,3 +17,13 @@ target_compile_definitions(kiln_compiler_depthwise_tests PRIVATE
   KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
 target_link_libraries(kiln_compiler_depthwise_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
 gtest_discover_tests(kiln_compiler_depthwise_tests)
+
+# Transposed / 1-D convolutions and 1-D pooling: the generated transposed-conv
+# kernel (and the depthwise kernel on a 1-D conv) run on the CPU through the
+# same host shim, plus the pipeline's structure.
+add_executable(kiln_compiler_convt_tests compiler_convt_test.cpp compiler_test_util.cpp)
+target_compile_definitions(kiln_compiler_convt_tests PRIVATE
+  KILN_HOST_CXX="${CMAKE_CXX_COMPILER}"
+  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
+target_link_libraries(kiln_compiler_convt_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
+gtest_discover_tests(kiln_compiler_convt_tests)
