@@ -184,27 +184,46 @@ int64_t conv_output_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride
   return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
 }
 
+int64_t conv_transpose_output_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation,
+                                   int64_t output_padding) {
+  return (in - 1) * stride - 2 * pad + dilation * (kernel - 1) + output_padding + 1;
+}
+
 std::string check_conv(const OpQuery& q) {
   if (q.inputs.size() < 2 || q.inputs.size() > 3 || q.outputs.size() != 1)
     return "convolution needs an input, a weight, an optional bias and one output";
-  if (bool_attr(q.attrs, "transposed", false)) return "transposed convolution is not supported";
+  const bool transposed = bool_attr(q.attrs, "transposed", false);
   const auto& x = q.inputs[0].shape;
   const auto& w = q.inputs[1].shape;
-  if (x.size() != 4 || w.size() != 4)
-    return "only 2-D convolutions with a 4-D [n, c, h, w] input are supported (input is " + ir::shape_to_string(x) +
-           ")";
+  const auto& y = q.outputs[0].shape;
+  if ((x.size() != 3 && x.size() != 4) || w.size() != x.size() || y.size() != x.size())
+    return "only 1-D and 2-D convolutions ([n, c, l] or [n, c, h, w] input) are supported (input is " +
+           ir::shape_to_string(x) + ")";
+  if (q.op == "aten.conv2d.default" && x.size() != 4)
+    return "conv2d needs a batched 4-D [n, c, h, w] input (input is " + ir::shape_to_string(x) + ")";
+  const size_t spatial = x.size() - 2;
   if (!q.inputs[1].is_constant) return "convolution weights must be constant (parameters), not computed";
   if (q.inputs.size() == 3 && (!q.inputs[2].is_constant || q.inputs[2].shape.size() != 1))
     return "convolution bias must be a constant 1-D tensor";
   for (const auto& t : q.inputs)
     if (t.dtype != q.inputs[0].dtype) return "convolution operands have different dtypes";
-  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  // A 1-D convolution's lists have one value (read as its width), a 2-D one's one or two.
+  for (const char* key : {"stride", "padding", "dilation", "output_padding"}) {
+    auto it = q.attrs.find(key);
+    if (it == q.attrs.end()) continue;
+    auto* v = std::get_if<std::vector<int64_t>>(&it->second);
+    if (v && spatial == 1 && v->size() > 1)
+      return std::string("1-D convolution ") + key + " must be one integer";
+  }
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1}, output_padding{0, 0};
   if (!pair_attr(q.attrs, "stride", stride) || !pair_attr(q.attrs, "padding", padding) ||
-      !pair_attr(q.attrs, "dilation", dilation))
+      !pair_attr(q.attrs, "dilation", dilation) || !pair_attr(q.attrs, "output_padding", output_padding))
     return "convolution stride/padding/dilation must be lists of one or two integers";
   for (int i = 0; i < 2; ++i) {
     if (stride[i] < 1 || dilation[i] < 1 || padding[i] < 0)
       return "convolution needs stride >= 1, dilation >= 1 and padding >= 0";
+    if (transposed && (output_padding[i] < 0 || (output_padding[i] >= stride[i] && output_padding[i] >= dilation[i])))
+      return "transposed convolution output_padding must be smaller than the stride or the dilation";
   }
   auto it = q.attrs.find("groups");
   int64_t groups = 1;
@@ -213,10 +232,24 @@ std::string check_conv(const OpQuery& q) {
     if (!g) return "convolution groups must be an integer";
     groups = *g;
   }
-  if (groups < 1 || x[1] % groups != 0 || w[0] % groups != 0 || w[1] * groups != x[1])
-    return "convolution groups=" + std::to_string(groups) + " does not match input channels " + std::to_string(x[1]) +
-           " and weight " + ir::shape_to_string(w);
-  if (q.inputs.size() == 3 && q.inputs[2].shape[0] != w[0]) return "convolution bias size does not match the weight";
+  // Transposed weights are [c_in, k_out / groups, kernel...], others [k_out, c_in / groups, kernel...].
+  const int64_t k_out = transposed ? w[1] * groups : w[0];
+  const bool groups_ok = groups >= 1 && x[1] % groups == 0 &&
+                         (transposed ? w[0] == x[1] : w[0] % groups == 0 && w[1] * groups == x[1]);
+  if (!groups_ok)
+    return std::string(transposed ? "transposed " : "") + "convolution groups=" + std::to_string(groups) +
+           " does not match input channels " + std::to_string(x[1]) + " and weight " + ir::shape_to_string(w);
+  if (q.inputs.size() == 3 && q.inputs[2].shape[0] != k_out) return "convolution bias size does not match the weight";
+  if (y[0] != x[0] || y[1] != k_out) return "convolution output " + ir::shape_to_string(y) + " does not match the weight";
+  for (size_t i = 0; i < spatial; ++i) {
+    const size_t a = 2 - spatial + i;  // index into the pair attributes
+    const int64_t in = x[2 + i], kernel = w[2 + i];
+    const int64_t expect =
+        transposed ? conv_transpose_output_size(in, kernel, padding[a], stride[a], dilation[a], output_padding[a])
+                   : conv_output_size(in, kernel, padding[a], stride[a], dilation[a]);
+    if (expect < 1 || y[2 + i] != expect)
+      return "convolution output " + ir::shape_to_string(y) + " does not match the input " + ir::shape_to_string(x);
+  }
   return "";
 }
 
@@ -236,9 +269,10 @@ std::string check_batch_norm(const OpQuery& q) {
 ConvParams conv_params(const ir::Node& node) {
   ConvParams p;
   if (!pair_attr(node.attrs, "stride", p.stride) || !pair_attr(node.attrs, "padding", p.padding) ||
-      !pair_attr(node.attrs, "dilation", p.dilation))
+      !pair_attr(node.attrs, "dilation", p.dilation) || !pair_attr(node.attrs, "output_padding", p.output_padding))
     throw CompileError("node '" + node.name + "': convolution stride/padding/dilation are not 1 or 2 integers");
   p.groups = node.int_attr("groups", 1);
+  p.transposed = bool_attr(node.attrs, "transposed", false);
   return p;
 }
 
@@ -284,7 +318,9 @@ void ConvPlan::lower(LowerContext& ctx, engine::Step& step) const {
   s.activation = relu ? engine::ConvActivation::kRelu : engine::ConvActivation::kNone;
 }
 
-// aten convolutions become kiln.conv2d_nhwc in the channels-last pass; batch
+// aten convolutions (1-D ones as height-1 2-D ones) become kiln.conv2d_nhwc
+// in the channels-last pass, transposed ones kiln.conv_transpose2d_nhwc
+// (conv_transpose_ops.cpp); batch
 // norm folds into the conv before it or becomes a per-channel multiply-add
 // (passes/fold_batch_norm.cpp).
 KILN_REGISTER_OPS(conv) {

@@ -4,6 +4,8 @@
 // original dtype, before precision lowers the constants):
 //   scale = gamma / sqrt(var + eps)
 //   w'[k] = w[k] * scale[k],   b'[k] = (b[k] - mean[k]) * scale[k] + beta[k]
+// (a transposed convolution's weight is [c, k/groups, ...]: its output
+// channel is the group's k/groups block and the weight's second index).
 // Any other batch norm becomes x * scale + shift with per-channel constants
 // shaped [c, 1, ..., 1], which broadcast like the op does.
 #include <cmath>
@@ -108,13 +110,22 @@ ir::Graph fold_batch_norm(const ir::Graph& graph) {
             BnScale s = bn_scale(graph, bn);
             const ir::Value& w = graph.value(node.inputs[1]);
             std::vector<double> wd = to_doubles(w);
-            int64_t k = w.shape[0];
-            if (static_cast<int64_t>(s.scale.size()) != k)
+            // w is [k, c/groups, ...], or transposed [c, k/groups, ...]:
+            // output channel (i / (c/groups)) * (k/groups) + j of w[i, j].
+            const ops::ConvParams params = ops::conv_params(node);
+            const int64_t groups = params.transposed ? params.groups : 1;
+            const int64_t rows = w.shape[0], cols = params.transposed ? w.shape[1] : 1;
+            const int64_t k = params.transposed ? cols * groups : rows;
+            if (static_cast<int64_t>(s.scale.size()) != k || rows % groups != 0)
               throw CompileError("node '" + bn.name + "': batch norm channels do not match convolution '" +
                                  node.name + "'");
-            int64_t per = w.numel() / k;
-            for (int64_t o = 0; o < k; ++o)
-              for (int64_t i = 0; i < per; ++i) wd[static_cast<size_t>(o * per + i)] *= s.scale[static_cast<size_t>(o)];
+            const int64_t per = w.numel() / (rows * cols), rows_per_group = rows / groups;
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t j = 0; j < cols; ++j) {
+                const int64_t channel = params.transposed ? (i / rows_per_group) * cols + j : i;
+                const double f = s.scale[static_cast<size_t>(channel)];
+                for (int64_t e = 0; e < per; ++e) wd[static_cast<size_t>((i * cols + j) * per + e)] *= f;
+              }
             std::vector<double> bias(static_cast<size_t>(k), 0.0);
             if (node.inputs.size() == 3) bias = to_doubles(graph.value(node.inputs[2]));
             for (int64_t o = 0; o < k; ++o) {

@@ -413,6 +413,8 @@ TEST(ConvSupport, RefusesWhatItCannotLower) {
   q.outputs = {{DType::kFloat32, {1, 4, 6, 6}, false}};
   q.attrs = conv_attrs(1, 0);
   EXPECT_FALSE(compiler::check_support(q).has_value());
+  // Transposed: the weight [4, 3, 3, 3] is [c_in, k/groups, r, s], so it
+  // does not fit 3 input channels (tests/cpp/compiler_convt_test.cpp has more).
   q.attrs["transposed"] = true;
   auto why = compiler::check_support(q);
   ASSERT_TRUE(why.has_value());
@@ -423,10 +425,19 @@ TEST(ConvSupport, RefusesWhatItCannotLower) {
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("constant"), std::string::npos);
   q.inputs[1].is_constant = true;
+  // 1-D convolutions are taken; 3-D ones are not.
   q.inputs = {{DType::kFloat32, {1, 3, 8}, false}, {DType::kFloat32, {4, 3, 3}, true}};
+  q.outputs = {{DType::kFloat32, {1, 4, 6}, false}};
+  q.attrs["stride"] = std::vector<int64_t>{1};
+  q.attrs["padding"] = std::vector<int64_t>{0};
+  q.attrs["dilation"] = std::vector<int64_t>{1};
+  q.attrs["output_padding"] = std::vector<int64_t>{0};
+  EXPECT_FALSE(compiler::check_support(q).has_value());
+  q.inputs = {{DType::kFloat32, {1, 3, 8, 8, 8}, false}, {DType::kFloat32, {4, 3, 3, 3, 3}, true}};
+  q.outputs = {{DType::kFloat32, {1, 4, 6, 6, 6}, false}};
   why = compiler::check_support(q);
   ASSERT_TRUE(why.has_value());
-  EXPECT_NE(why->find("2-D"), std::string::npos);
+  EXPECT_NE(why->find("1-D and 2-D"), std::string::npos);
 }
 
 TEST_F(ConvCompiler, PoolingLowersToChannelsLastKernels) {

@@ -18,10 +18,13 @@ target_compile_definitions(kiln_compiler_depthwise_tests PRIVATE
 target_link_libraries(kiln_compiler_depthwise_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
 gtest_discover_tests(kiln_compiler_depthwise_tests)
 
-# Resample / pad kernels: generated source run on the CPU like the depthwise tests.
-add_executable(kiln_compiler_resample_tests compiler_resample_test.cpp compiler_test_util.cpp)
-target_compile_definitions(kiln_compiler_resample_tests PRIVATE
-  KILN_HOST_CXX="${CMAKE_CXX_COMPILER}"
-  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
-target_link_libraries(kiln_compiler_resample_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
-gtest_discover_tests(kiln_compiler_resample_tests)
+# Generated kernels run on the CPU like the depthwise tests (cuda_host_shim.h):
+# resample / pad kernels; transposed and 1-D convolutions and 1-D pooling.
+foreach(family resample convt)
+  add_executable(kiln_compiler_${family}_tests compiler_${family}_test.cpp compiler_test_util.cpp)
+  target_compile_definitions(kiln_compiler_${family}_tests PRIVATE
+    KILN_HOST_CXX="${CMAKE_CXX_COMPILER}"
+    KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
+  target_link_libraries(kiln_compiler_${family}_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
+  gtest_discover_tests(kiln_compiler_${family}_tests)
+endforeach()

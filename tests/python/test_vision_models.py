@@ -70,12 +70,11 @@ class _TransposedConv(torch.nn.Module):
         return torch.relu(self.conv(self.up(x)))
 
 
-def test_transposed_conv_is_refused_with_a_reason(caplog):
-    with caplog.at_level(logging.DEBUG, logger="kiln"):
-        compiled = _compile(_TransposedConv(), size=8, channels=4)
-    assert compiled.summary.ops_on_cpu == {"aten.convolution.default": 1}
-    assert any("transposed convolution is not supported" in r.getMessage() for r in caplog.records)
-    assert compiled.summary.ops_taken == 2  # the regular conv and the relu
+def test_transposed_conv_is_taken():
+    compiled = _compile(_TransposedConv(), size=8, channels=4)
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
+    assert compiled.summary.ops_taken == 3  # the transposed conv, the conv and the relu
+    assert compiled.summary.partitions == 1
 
 
 class _Conv1d(torch.nn.Module):
@@ -87,13 +86,29 @@ class _Conv1d(torch.nn.Module):
         return torch.sigmoid(self.conv(x))
 
 
-def test_conv1d_is_refused_as_not_2d(caplog):
+def test_conv1d_is_taken():
     torch.manual_seed(0)
     x = torch.randn(1, 3, 16)
+    compiled = kiln.compile(torch.export.export(_Conv1d().eval(), (x,)), arg_inputs=(x,), target_sms=(90,))
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
+
+
+class _Conv3d(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.sigmoid(self.conv(x))
+
+
+def test_conv3d_is_refused_as_not_1d_or_2d(caplog):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 6, 6, 6)
     with caplog.at_level(logging.DEBUG, logger="kiln"):
-        compiled = kiln.compile(torch.export.export(_Conv1d().eval(), (x,)), arg_inputs=(x,), target_sms=(90,))
+        compiled = kiln.compile(torch.export.export(_Conv3d().eval(), (x,)), arg_inputs=(x,), target_sms=(90,))
     assert compiled.summary.ops_on_cpu.get("aten.convolution.default") == 1
-    assert any("only 2-D convolutions" in r.getMessage() for r in caplog.records)
+    assert any("only 1-D and 2-D convolutions" in r.getMessage() for r in caplog.records)
 
 
 class _PoolIndices(torch.nn.Module):
