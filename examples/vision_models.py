@@ -10,6 +10,11 @@ Models (torchvision definitions, eval mode, random weights):
   efficientnet_b0     torchvision.models.efficientnet_b0
   resnet18_policy     torchvision resnet18 backbone (fc removed, 512 features)
                       + MLP head 512 -> 512 -> 512 -> 32 (GELU)
+  convnext_tiny       torchvision.models.convnext_tiny (LayerNorm, 7x7 depthwise,
+                      GELU MLPs, layer scale)
+  lraspp_mobilenet_v3_large
+                      torchvision.models.segmentation.lraspp_mobilenet_v3_large
+                      (21 classes; returns the "out" map, bilinear upsampling)
 
 The conv models take [batch, 3, 224, 224], the MLP [batch, 512].
 
@@ -47,8 +52,10 @@ import numpy as np
 import torch
 from torch import nn
 
-MODELS = ("mlp_policy", "resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy")
-CONV_MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy")
+MODELS = ("mlp_policy", "resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy", "convnext_tiny",
+          "lraspp_mobilenet_v3_large")
+CONV_MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy", "convnext_tiny",
+               "lraspp_mobilenet_v3_large")
 DEFAULT_SEED = 20261202
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -78,6 +85,18 @@ class ResNet18Policy(nn.Module):
         return self.head(self.backbone(image))
 
 
+class SegmentationOut(nn.Module):
+    """A torchvision segmentation model returning its "out" map (the models
+    return a dict) so it exports with one tensor output."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.model(image)["out"]
+
+
 def _construct(name: str) -> nn.Module:
     if name == "mlp_policy":
         return MlpPolicy()
@@ -85,8 +104,11 @@ def _construct(name: str) -> nn.Module:
         return ResNet18Policy()
     import torchvision
 
-    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0"):
+    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny"):
         return getattr(torchvision.models, name)(weights=None)
+    if name == "lraspp_mobilenet_v3_large":
+        return SegmentationOut(torchvision.models.segmentation.lraspp_mobilenet_v3_large(
+            weights=None, weights_backbone=None))
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
 
@@ -139,6 +161,10 @@ def init_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> nn.Module:
                     values = rng.uniform(0.5, 2.0, n)
                 else:
                     raise ValueError(f"unexpected BatchNorm entry {key}")
+            elif isinstance(owner, (nn.LayerNorm, nn.GroupNorm)) or type(owner).__name__ == "LayerNorm2d":
+                values = rng.uniform(0.5, 1.5, shape) if leaf == "weight" else rng.normal(0.0, 0.1, shape)
+            elif leaf == "layer_scale":  # ConvNeXt's per-channel residual scale
+                values = rng.uniform(0.1, 0.3, shape)
             elif leaf == "weight" and len(shape) >= 2:
                 fan_in = math.prod(shape[1:])  # conv: in/groups * kh * kw; linear: in
                 std = math.sqrt(2.0 / fan_in)
