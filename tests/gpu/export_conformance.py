@@ -20,12 +20,18 @@ import conformance_models  # noqa: E402
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--families", help="comma-separated op families (conformance_<family>.py) to export "
+                        "alone, without the base sets: e.g. --families norms")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     print(f"seed: {seed}")
     manifest = []
+    if args.families:
+        manifest = export_op_family_cases(args.out, set(args.families.split(",")))
+        (args.out / "manifest_ops.json").write_text(json.dumps(manifest, indent=1))
+        return
     for dtype, rtol in ((torch.float32, 1e-5), (torch.float16, 1e-2)):
         name = f"elementwise_ops_{str(dtype).replace('torch.', '')}"
         model = conformance_models.ElementwiseOps().to(dtype).eval()
@@ -73,7 +79,7 @@ def export_conv_cases(out: Path) -> list:
     return entries
 
 
-def export_op_family_cases(out: Path) -> list:
+def export_op_family_cases(out: Path, families: set | None = None) -> list:
     """The op families' conformance modules (tests/gpu/conformance_<family>.py,
     each with CASES = {factory name: [input shapes]} and FACTORIES), in
     float32, float16 and bfloat16. Every op must be taken by Kiln. The GPU
@@ -83,6 +89,8 @@ def export_op_family_cases(out: Path) -> list:
     for path in sorted(Path(__file__).parent.glob("conformance_*.py")):
         module_name = path.stem
         if module_name == "conformance_models":
+            continue
+        if families is not None and module_name.removeprefix("conformance_") not in families:
             continue
         module = importlib.import_module(module_name)
         for factory, shapes in module.CASES.items():
