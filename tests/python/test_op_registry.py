@@ -74,6 +74,21 @@ class Vision(torch.nn.Module):
         return F.adaptive_avg_pool2d(a, 2).flatten(1), F.hardswish(a) * F.hardsigmoid(a)
 
 
+class Norms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(8)
+        self.gn = torch.nn.GroupNorm(2, 4)
+        self.inorm = torch.nn.InstanceNorm2d(4, affine=True)
+
+    def forward(self, x, nhwc):
+        y = self.gn(x) + self.inorm(x)
+        # Pooling a channels-last-strided tensor into a permute (ConvNeXt's
+        # head) exports an as_strided_copy.
+        pooled = F.adaptive_avg_pool2d(nhwc.permute(0, 3, 1, 2), 1).permute(0, 2, 3, 1)
+        return self.ln(y), self.ln(pooled)
+
+
 def _examples():
     torch.manual_seed(0)
     return {
@@ -81,6 +96,7 @@ def _examples():
         "matmuls": (Matmuls(), (torch.randn(4, 8), torch.randn(4, 5))),
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
         "vision": (Vision().eval(), (torch.randn(1, 3, 8, 8),)),
+        "norms": (Norms().eval(), (torch.randn(2, 4, 8, 8), torch.randn(2, 3, 3, 8))),
     }
 
 
