@@ -7,8 +7,10 @@ about exactly what it will later be given.
 Normalization rules, following the op's schema:
   * op name: "<namespace>.<name>.<overload>", e.g. "aten.addmm.default";
   * tensor arguments become inputs, in schema order; an optional tensor that
-    is None adds nothing; a list of tensors (``cat``) adds every tensor and an
-    int attribute "<argname>_count";
+    is None adds no input but the attribute "<argname>_absent" = True, so the
+    inputs after it keep their meaning (layer_norm with a bias and no
+    weight); a list of tensors (``cat``) adds every tensor and an int
+    attribute "<argname>_count";
   * every other argument (given or defaulted, except None) becomes an
     attribute keyed by its schema name: bool/int/float/str/list of int or
     float; a torch.dtype becomes its Kiln dtype name ("float16");
@@ -114,6 +116,11 @@ def _attr_value(value: Any, arg_name: str, node: torch.fx.Node) -> Any:
     )
 
 
+def _is_optional_tensor(arg: Any) -> bool:
+    t = arg.type
+    return isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.TensorType)
+
+
 def _is_tensor_node(value: Any) -> bool:
     return isinstance(value, torch.fx.Node)
 
@@ -136,6 +143,8 @@ def describe_node(node: torch.fx.Node) -> NodeDescription:
         else:
             raise UnsupportedNode(f"node '{node.name}' is missing argument '{arg.name}'")
         if value is None:
+            if _is_optional_tensor(arg):
+                desc.attrs[f"{arg.name}_absent"] = True
             continue
         if _is_tensor_node(value):
             node_tensor_type(value)  # validates dtype and static shape

@@ -11,6 +11,7 @@ that compiled are reused by ``KilnBackend.preprocess``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections import Counter
@@ -120,13 +121,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-# Multi-output ops of which the compiler computes only output 0.
-_FIRST_OUTPUT_ONLY = {
-    "aten.max_pool2d_with_indices.default": "max_pool2d indices are used; Kiln computes only the pooled values",
-    "aten._native_batch_norm_legit_no_training.default": (
-        "batch norm's saved mean/invstd are used; Kiln computes only the normalized output"
-    ),
-}
+@functools.lru_cache(maxsize=None)
+def _first_output_only() -> dict[str, str]:
+    """Multi-output ops of which the compiler computes only output 0, with the
+    reason a node whose later outputs are used stays on the CPU (the op
+    registry's OpDef::first_output_only)."""
+    return dict(native().first_output_only())
 
 
 def _uses_later_outputs(node: torch.fx.Node) -> bool:
@@ -145,8 +145,9 @@ def query_support(
         desc = _fx_nodes.describe_node(node)
     except _fx_nodes.UnsupportedNode as e:
         return str(e)
-    if desc.op in _FIRST_OUTPUT_ONLY and _uses_later_outputs(node):
-        return _FIRST_OUTPUT_ONLY[desc.op]
+    first_only = _first_output_only()
+    if desc.op in first_only and _uses_later_outputs(node):
+        return first_only[desc.op]
     inputs = []
     for arg in desc.inputs:
         t = _fx_nodes.node_tensor_type(arg)

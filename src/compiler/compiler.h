@@ -57,6 +57,11 @@ std::optional<std::string> check_support(const OpQuery& query);
 // refused by check_support for its dtypes, shapes or attributes.
 std::vector<std::string> supported_ops();
 
+// Multi-output ops of which the compiler computes output 0 only, each with
+// the reason it cannot take a node whose later outputs are used (the
+// partitioner refuses those nodes; OpDef::first_output_only).
+std::map<std::string, std::string> first_output_only_ops();
+
 // Compiles `graph` into an engine. Throws CompileError.
 engine::EngineDesc compile_to_desc(const ir::Graph& graph, const CompileOptions& options);
 

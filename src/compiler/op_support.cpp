@@ -41,6 +41,13 @@ std::vector<std::string> supported_ops() {
   return names;  // all_ops() is sorted by name
 }
 
+std::map<std::string, std::string> first_output_only_ops() {
+  std::map<std::string, std::string> ops;
+  for (const ops::OpDef* def : ops::all_ops())
+    if (!def->internal() && !def->first_output_only.empty()) ops[def->name] = def->first_output_only;
+  return ops;
+}
+
 std::optional<std::string> check_support(const OpQuery& q) {
   const ops::OpDef* def = ops::find_op(q.op);
   if (def == nullptr || def->internal()) return q.op + " is not implemented by the Kiln compiler";

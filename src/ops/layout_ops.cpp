@@ -1,6 +1,8 @@
 #include "ops/layout_ops.h"
 
 #include <algorithm>
+#include <cstring>
+#include <variant>
 
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
@@ -40,8 +42,59 @@ PointwisePlan piece(int input, int out, std::vector<int64_t> iter_shape, AffineM
 
 bool is_layout_op(const std::string& op) {
   return is_constant_permute_op(op) || op == "aten.slice_copy.Tensor" || op == "aten.select_copy.int" ||
-         op == "aten.cat.default" || op == "aten.split_with_sizes_copy.default" || op == "aten.split_copy.Tensor";
+         op == "aten.cat.default" || op == "aten.split_with_sizes_copy.default" || op == "aten.split_copy.Tensor" ||
+         op == "aten.repeat.default" || op == "aten.as_strided_copy.default";
 }
+
+namespace {
+
+std::vector<int64_t> list_attr(const std::map<std::string, ir::Attr>& attrs, const std::string& key) {
+  auto it = attrs.find(key);
+  if (it == attrs.end()) return {};
+  if (auto* v = std::get_if<std::vector<int64_t>>(&it->second)) return *v;
+  if (auto* i = std::get_if<int64_t>(&it->second)) return {*i};
+  throw CompileError(key + " must be a list of integers");
+}
+
+// repeat: the output's iteration as [r0, s0, r1, s1, ...] (the input shape
+// padded on the left to the repeats' length): read (s...), write
+// (r * s + s) along each dim.
+std::string check_repeat(const OpQuery& q) {
+  const std::vector<int64_t> repeats = list_attr(q.attrs, "repeats");
+  const auto& in = q.inputs[0].shape;
+  if (repeats.size() < in.size()) return "repeat needs at least one repeat count per input dim";
+  std::vector<int64_t> expect;
+  for (size_t j = 0; j < repeats.size(); ++j) {
+    if (repeats[j] < 0) return "repeat counts must not be negative";
+    const size_t lead = repeats.size() - in.size();
+    expect.push_back(repeats[j] * (j < lead ? 1 : in[j - lead]));
+  }
+  if (expect != q.outputs[0].shape) return "repeat output does not match its repeat counts";
+  return "";
+}
+
+// as_strided of a contiguous input: every element it reads lies inside the input.
+std::string check_as_strided(const OpQuery& q) {
+  const std::vector<int64_t> size = list_attr(q.attrs, "size"), stride = list_attr(q.attrs, "stride");
+  if (size.size() != stride.size() || size != q.outputs[0].shape)
+    return "as_strided size and stride must match the output's rank and shape";
+  int64_t last = 0;
+  auto it = q.attrs.find("storage_offset");
+  if (it != q.attrs.end()) {
+    auto* offset = std::get_if<int64_t>(&it->second);
+    if (!offset || *offset < 0) return "as_strided storage_offset must be a non-negative integer";
+    last = *offset;
+  }
+  if (ir::numel_of(size) == 0) return "";
+  for (size_t j = 0; j < size.size(); ++j) {
+    if (stride[j] < 0) return "as_strided with negative strides is not supported";
+    last += (size[j] - 1) * stride[j];
+  }
+  if (last >= ir::numel_of(q.inputs[0].shape)) return "as_strided reads past the end of its input";
+  return "";
+}
+
+}  // namespace
 
 std::string check_layout(const OpQuery& q) {
   if (q.inputs.empty()) return q.op + " needs a tensor input";
@@ -52,6 +105,12 @@ std::string check_layout(const OpQuery& q) {
   bool multi = q.op == "aten.split_with_sizes_copy.default" || q.op == "aten.split_copy.Tensor";
   if (!multi && q.outputs.size() != 1) return q.op + " with several outputs is not supported";
   if (q.op != "aten.cat.default" && q.inputs.size() != 1) return q.op + " needs exactly one tensor input";
+  try {
+    if (q.op == "aten.repeat.default") return check_repeat(q);
+    if (q.op == "aten.as_strided_copy.default") return check_as_strided(q);
+  } catch (const CompileError& e) {
+    return q.op + ": " + e.what();
+  }
   if (q.op == "aten.slice_copy.Tensor") {
     auto it = q.attrs.find("step");
     if (it != q.attrs.end()) {
@@ -101,6 +160,32 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
       if (static_cast<int64_t>(j) != d) map.coef.push_back(in_strides[j]);
     return {piece(in.id, out.id, out.shape, map, contiguous(out.shape))};
   }
+  if (op == "aten.repeat.default") {
+    const ir::Value& out = graph.value(node.outputs[0]);
+    const std::vector<int64_t> repeats = node.ints_attr("repeats");
+    if (repeats.size() != out.shape.size() || repeats.size() < in.shape.size())
+      throw CompileError("node '" + node.name + "': repeat counts do not match the output's rank");
+    const std::vector<int64_t> out_strides = strides_of(out.shape);
+    const size_t lead = repeats.size() - in.shape.size();
+    std::vector<int64_t> iter;
+    AffineMap read, write;
+    for (size_t j = 0; j < repeats.size(); ++j) {
+      const int64_t s = j < lead ? 1 : in.shape[j - lead];
+      if (repeats[j] * s != out.shape[j])
+        throw CompileError("node '" + node.name + "': repeat output does not match its repeat counts");
+      iter.insert(iter.end(), {repeats[j], s});
+      read.coef.insert(read.coef.end(), {0, j < lead ? 0 : in_strides[j - lead]});
+      write.coef.insert(write.coef.end(), {s * out_strides[j], out_strides[j]});
+    }
+    return {piece(in.id, out.id, iter, read, write)};
+  }
+  if (op == "aten.as_strided_copy.default") {
+    const ir::Value& out = graph.value(node.outputs[0]);
+    AffineMap read{node.int_attr("storage_offset", 0), node.ints_attr("stride")};
+    if (read.coef.size() != out.shape.size())
+      throw CompileError("node '" + node.name + "': as_strided strides do not match the output's rank");
+    return {piece(in.id, out.id, out.shape, read, contiguous(out.shape))};
+  }
   if (op == "aten.cat.default") {
     const ir::Value& out = graph.value(node.outputs[0]);
     int64_t d = normalize_dim(node.int_attr("dim", 0), out.shape.size(), node);
@@ -138,18 +223,74 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
   return pieces;
 }
 
-// Permutes of constants are folded at export (passes/fold_constants.cpp);
-// what reaches fusion becomes layout kernels, one per piece.
+bool layout_keeps_order(const ir::Graph& graph, const ir::Node& node) {
+  if (node.inputs.size() != 1 || node.outputs.size() != 1) return false;
+  const ir::Value& in = graph.value(node.inputs[0]);
+  const ir::Value& out = graph.value(node.outputs[0]);
+  if (in.dtype != out.dtype || in.numel() != out.numel()) return false;
+  std::vector<int64_t> shape, coef;  // the output's dims and the input strides they walk
+  if (is_constant_permute_op(node.op)) {
+    const std::vector<int64_t> strides = strides_of(in.shape);
+    for (int64_t p : permutation_of(node, in.shape.size())) coef.push_back(strides[static_cast<size_t>(p)]);
+  } else if (node.op == "aten.as_strided_copy.default") {
+    if (node.int_attr("storage_offset", 0) != 0) return false;
+    coef = node.ints_attr("stride");
+  } else {
+    return false;
+  }
+  if (coef.size() != out.shape.size()) return false;
+  const std::vector<int64_t> own = strides_of(out.shape);
+  for (size_t j = 0; j < coef.size(); ++j)
+    if (out.shape[j] != 1 && coef[j] != own[j]) return false;
+  return true;
+}
+
+std::vector<uint8_t> evaluate_layout(const ir::Graph& graph, const ir::Node& node, const ir::Value& in) {
+  std::vector<PointwisePlan> pieces = plan_layout(graph, node);
+  if (pieces.size() != 1) throw CompileError("node '" + node.name + "': cannot evaluate at export");
+  const PointwisePlan& p = pieces[0];
+  const ir::Value& out = graph.value(p.out);
+  const size_t elem = engine::dtype_size(in.dtype);
+  if (out.dtype != in.dtype) throw CompileError("node '" + node.name + "': changes dtype");
+  std::vector<uint8_t> data(out.nbytes());
+  const std::vector<int64_t>& iter = p.iter_shape.empty() ? out.shape : p.iter_shape;
+  const int64_t count = ir::numel_of(iter);
+  std::vector<int64_t> idx(iter.size(), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t src = p.input_map.base, dst = p.output_map.base;
+    for (size_t j = 0; j < iter.size(); ++j) {
+      src += idx[j] * p.input_map.coef.at(j);
+      dst += idx[j] * p.output_map.coef.at(j);
+    }
+    if (src < 0 || src >= in.numel() || dst < 0 || dst >= out.numel())
+      throw CompileError("node '" + node.name + "': element out of range");
+    std::memcpy(data.data() + static_cast<size_t>(dst) * elem, in.data.data() + static_cast<size_t>(src) * elem, elem);
+    for (size_t j = iter.size(); j-- > 0;) {
+      if (++idx[j] < iter[j]) break;
+      idx[j] = 0;
+    }
+  }
+  return data;
+}
+
+// Permutes of constants are folded at export (passes/fold_constants.cpp), and
+// so are repeats and as_strided of constants; what reaches fusion becomes
+// layout kernels, one per piece, or an alias where the order is kept.
 KILN_REGISTER_OPS(layout) {
   for (const char* name : {"aten.permute_copy.default", "aten.permute.default", "aten.t_copy.default", "aten.t.default",
                            "aten.transpose_copy.int", "aten.slice_copy.Tensor", "aten.select_copy.int",
-                           "aten.cat.default", "aten.split_with_sizes_copy.default", "aten.split_copy.Tensor"}) {
+                           "aten.cat.default", "aten.split_with_sizes_copy.default", "aten.split_copy.Tensor",
+                           "aten.repeat.default", "aten.as_strided_copy.default"}) {
     OpDef def;
     def.name = name;
     def.role = OpRole::kStep;
     def.check = check_layout;
     def.plan = [](PlanContext& ctx, int node) {
       const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+      if (layout_keeps_order(ctx.graph(), n)) {
+        ctx.alias(n.outputs[0], n.inputs[0]);
+        return;
+      }
       const std::string label = n.op.substr(5, n.op.find('.', 5) - 5);  // "aten.cat.default" -> "cat"
       for (PointwisePlan& piece : plan_layout(ctx.graph(), n)) ctx.emit(PlannedOp(label, std::move(piece)));
     };

@@ -135,6 +135,28 @@ struct ReducePlan : StepPlanBase<ReducePlan> {
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };
 
+// A row normalization (layer norm, group norm, batch norm on batch
+// statistics, which instance norm becomes), one generated kernel
+// (norm_ops.cpp, norm_kernel.cpp). The iteration space is `row_shape`
+// (rows) x `elem_shape` (the elements of one row); element (r..., e...)
+// lives at sum(index * data_coef) in `input` and `out` (same shape and
+// layout) and its affine parameters at sum(index * param_coef) in `weight`
+// and `bias` (each optional, -1 when absent). Each row is normalized by its
+// own mean and biased variance, computed in float:
+//   out = (x - mean) * rsqrt(var + eps) * weight + bias.
+struct NormPlan : StepPlanBase<NormPlan> {
+  int input = -1, weight = -1, bias = -1, out = -1;
+  std::vector<int64_t> row_shape, elem_shape;
+  std::vector<int64_t> data_coef, param_coef;  // row dims, then element dims
+  double eps = 1e-5;
+
+  int64_t rows() const;
+  int64_t row_size() const;
+  std::vector<int> reads() const override;
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
 // A depthwise convolution (groups == c == k) as one generated kernel
 // (depthwise_kernel.cpp): conv.x [n,h,w,c], `weight` the OHWI weight
 // permuted to [r,s,c], conv.bias/relu as in ConvPlan (conv.z unused);

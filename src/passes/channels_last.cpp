@@ -8,6 +8,13 @@
 //     gets) an NHWC form: another NHWC value, a constant (permuted at export),
 //     a scalar, or a tensor whose permute only moves size-1 dims (a view);
 //   * sum/mean/amax map their dims through the permute;
+//   * layer/group/batch-statistics norms read the NHWC tensor with NHWC
+//     strides (kiln.*_nhwc, ops/norm_ops.h);
+//   * a permute between the two layouts costs nothing when the other layout
+//     exists: NCHW -> NHWC of a value with an NHWC form is that form, and
+//     NHWC -> NCHW of a value gives the result that value as its NHWC form
+//     (ConvNeXt's LayerNorm2d: permute, layer norm over channels, permute
+//     back; an NHWC image permuted for a conv);
 //   * everything else reads NCHW, made on demand by one layout kernel (or a
 //     view when the permute only moves size-1 dims) and shared by all such
 //     readers.
@@ -27,9 +34,11 @@
 
 #include "ops/conv_ops.h"
 #include "ops/conv_transpose_ops.h"
+#include "ops/norm_ops.h"
 #include "ops/op_registry.h"
 #include "ops/pool_ops.h"
 #include "ops/reduce_ops.h"
+#include "ops/view_ops.h"
 #include "passes/graph_rewriter.h"
 #include "passes/passes.h"
 
@@ -91,7 +100,8 @@ class ChannelsLast {
         conv(node);
       } else if (ops::is_pool_op(node.op)) {
         pool(node);
-      } else if (!try_unit_reshape(node) && !try_pointwise(node) && !try_reduce(node)) {
+      } else if (!try_unit_reshape(node) && !try_permute(node) && !try_norm(node) && !try_pointwise(node) &&
+                 !try_reduce(node)) {
         std::vector<int> inputs;
         for (int in : node.inputs) inputs.push_back(as_nchw(in));
         rw_.copy_node(node, inputs);
@@ -222,6 +232,40 @@ class ChannelsLast {
     const ir::Value& y = old(node.outputs.at(0));
     nhwc_[static_cast<size_t>(y.id)] = rw_.emit(ops::nhwc_pool_op(node.op), node.name, {as_nhwc(node.inputs.at(0))},
                                                 node.attrs, y.dtype, permuted(y.shape, kToNhwc));
+  }
+
+  bool try_permute(const ir::Node& node) {
+    if (!ops::is_constant_permute_op(node.op) || node.inputs.size() != 1 || node.outputs.size() != 1) return false;
+    const int in = node.inputs[0], out = node.outputs[0];
+    if (old(in).shape.size() != 4 || old(in).is_constant) return false;
+    const std::vector<int64_t> perm = ops::permutation_of(node, 4);
+    if (perm == kToNhwc && nhwc_[static_cast<size_t>(in)] >= 0) {
+      nchw_[static_cast<size_t>(out)] = nhwc_[static_cast<size_t>(in)];
+      return true;
+    }
+    if (perm == kToNchw && nchw_[static_cast<size_t>(in)] >= 0) {
+      nhwc_[static_cast<size_t>(out)] = nchw_[static_cast<size_t>(in)];
+      return true;
+    }
+    return false;
+  }
+
+  // A norm of a value that is channels-last only runs on the NHWC tensor
+  // (unless its rows would be strided there, see norm_prefers_nhwc).
+  bool try_norm(const ir::Node& node) {
+    if (!ops::is_norm_op(node.op) || node.inputs.empty()) return false;
+    const int in = node.inputs[0];
+    if (old(in).shape.size() != 4 || nhwc_[static_cast<size_t>(in)] < 0 || nchw_[static_cast<size_t>(in)] >= 0 ||
+        !ops::norm_prefers_nhwc(node))
+      return false;
+    for (size_t i = 1; i < node.outputs.size(); ++i)
+      if (is_used(g_, consumers_, node.outputs[i])) return false;  // fusion names the problem
+    std::vector<int> inputs = {nhwc_[static_cast<size_t>(in)]};
+    for (size_t i = 1; i < node.inputs.size(); ++i) inputs.push_back(as_nchw(node.inputs[i]));
+    const ir::Value& y = old(node.outputs[0]);
+    nhwc_[static_cast<size_t>(y.id)] =
+        rw_.emit(ops::nhwc_norm_op(node.op), node.name, inputs, node.attrs, y.dtype, permuted(y.shape, kToNhwc));
+    return true;
   }
 
   bool try_pointwise(const ir::Node& node) {

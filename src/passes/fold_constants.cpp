@@ -1,7 +1,10 @@
 // Constant folding: weight transposes and views of constants are done once at
-// export, so the engine reads weights in the layout the GEMM wants.
+// export, so the engine reads weights in the layout the GEMM wants; repeats
+// and as_strided of constants (instance norm's repeated affine parameters)
+// are evaluated through their layout plans.
 #include <cstring>
 
+#include "ops/layout_ops.h"
 #include "ops/view_ops.h"
 #include "passes/dtype_convert.h"
 #include "passes/graph_rewriter.h"
@@ -40,6 +43,16 @@ void fold_constants(ir::Graph& graph) {
       const ir::Value& in = graph.value(node.inputs[0]);
       ir::Value& out = graph.value(node.outputs[0]);
       out.data = convert_float_data(in.data, in.dtype, out.dtype);
+      out.is_constant = true;
+      out.producer = -1;
+      node.op = "kiln.folded";
+      continue;
+    }
+    if ((node.op == "aten.repeat.default" || node.op == "aten.as_strided_copy.default") &&
+        graph.value(node.inputs[0]).is_constant) {
+      std::vector<uint8_t> data = ops::evaluate_layout(graph, node, graph.value(node.inputs[0]));
+      ir::Value& out = graph.value(node.outputs[0]);
+      out.data = std::move(data);
       out.is_constant = true;
       out.producer = -1;
       node.op = "kiln.folded";

@@ -3,10 +3,12 @@
 //   Graph               builds one partition's ir::Graph
 //   check_support       the partitioner's question: does Kiln take this node?
 //   supported_ops       the ATen op names the compiler knows
+//   first_output_only   {op: reason} for multi-output ops computing output 0 only
 //   compile             Graph -> serialized engine bytes (GIL released)
 //   inspect_engine      engine bytes -> dict, for tests and tooling
 //   CompileError        raised for kiln::CompileError (a RuntimeError)
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -189,6 +191,8 @@ NB_MODULE(_kiln_compiler, m) {
         "None when the compiler takes the node; otherwise the reason it does not.\n"
         "inputs: [(dtype, shape, is_constant)], outputs: [(dtype, shape)].");
   m.def("supported_ops", &compiler::supported_ops);
+  m.def("first_output_only", &compiler::first_output_only_ops,
+        "{op: reason} for multi-output ops of which the compiler computes output 0 only.");
   m.def("compile", &py_compile, "graph"_a, "target_sms"_a, "emit_ptx"_a = true,
         "enabled_precisions"_a = std::vector<std::string>{"float32"},
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",

@@ -10,23 +10,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 #include <sstream>
 
 #include "ops/depthwise_kernel.h"
-#include "ops/elementwise_kernel.h"
 #include "compiler/compiler.h"
 #include "compiler_test_util.h"
-#include "passes/dtype_convert.h"
+#include "host_kernel.h"
 #include "passes/passes.h"
 
-#ifndef KILN_HOST_CXX
-#error "KILN_HOST_CXX (the host C++ compiler) must be defined by the build"
-#endif
 #ifndef KILN_SHIM_HEADER
 #error "KILN_SHIM_HEADER must be defined by the build"
 #endif
@@ -54,30 +47,9 @@ std::string describe(const Case& k) {
   return s.str();
 }
 
-// Rounds to `d`'s precision (round to nearest even), as a store would.
-double round_to(DType d, double v) {
-  if (d == DType::kFloat16) return passes::half_to_float(passes::float_to_half(static_cast<float>(v)));
-  if (d == DType::kBFloat16) return passes::bfloat16_to_float(passes::float_to_bfloat16(static_cast<float>(v)));
-  return v;
-}
-double read_elem(DType d, const std::vector<uint8_t>& bytes, size_t i) {
-  if (d == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, &bytes[i * 4], 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, &bytes[i * 2], 2);
-  return d == DType::kFloat16 ? passes::half_to_float(h) : passes::bfloat16_to_float(h);
-}
-void write_elem(DType d, std::vector<uint8_t>& bytes, size_t i, float v) {
-  if (d == DType::kFloat32) {
-    std::memcpy(&bytes[i * 4], &v, 4);
-    return;
-  }
-  uint16_t h = d == DType::kFloat16 ? passes::float_to_half(v) : passes::float_to_bfloat16(v);
-  std::memcpy(&bytes[i * 2], &h, 2);
-}
+using testing::read_elem;
+using testing::round_to;
+using testing::write_elem;
 
 int add1(ir::Graph& g, const std::string& op, const std::string& name, std::vector<int> in,
          std::map<std::string, ir::Attr> attrs, DType dtype, std::vector<int64_t> shape) {
@@ -145,49 +117,6 @@ double epilogue(Epi e, double v) {
   }
 }
 
-// Compiles `source` as host C++ against the shim; returns the dlopen handle.
-void* build_host_module(const std::string& source, const std::string& tag) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("kiln_dw_" + std::to_string(::getpid()) + "_" + tag);
-  fs::create_directories(dir);
-  fs::path cpp = dir / "kernel.cpp", so = dir / "kernel.so", log = dir / "build.log";
-  std::ofstream(cpp) << "#include \"" << KILN_SHIM_HEADER << "\"\n" << source;
-  std::string cmd = std::string(KILN_HOST_CXX) + " -std=c++17 -O1 -fPIC -shared -fno-strict-aliasing -w -o " +
-                    so.string() + " " + cpp.string() + " > " + log.string() + " 2>&1";
-  if (std::system(cmd.c_str()) != 0) {
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    ADD_FAILURE() << "host compile failed: " << cmd << "\n" << text.str() << "\nsource:\n" << source;
-    return nullptr;
-  }
-  void* handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  EXPECT_NE(handle, nullptr) << dlerror();
-  std::error_code ignored;
-  fs::remove_all(dir, ignored);  // the mapping outlives the file
-  return handle;
-}
-
-// The prelude without its PTX-asm functions (the shim defines those).
-std::string host_prelude() {
-  std::istringstream in(ops::pointwise_prelude());
-  std::string line, block, out;
-  int depth = 0;
-  while (std::getline(in, line)) {
-    if (depth == 0 && line.rfind("__device__", 0) != 0) {
-      out += line + "\n";
-      continue;
-    }
-    block += line + "\n";
-    for (char ch : line) depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
-    if (depth == 0) {
-      if (block.find("asm(") == std::string::npos) out += block;
-      block.clear();
-    }
-  }
-  return out;
-}
-
 class DepthwiseKernel : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -223,10 +152,10 @@ class DepthwiseKernel : public ::testing::Test {
     EXPECT_EQ(d.conv.relu, k.epi == Epi::kRelu);
 
     ops::DepthwiseKernel gen = ops::generate_depthwise_kernel(g, d, "kiln_dw_test");
-    std::string src = host_prelude() + gen.source +
+    std::string src = testing::host_prelude() + gen.source +
                       "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
                       "  kiln_shim_launch(&kiln_dw_test, args, grid, block);\n}\n";
-    void* lib = build_host_module(src, tag);
+    void* lib = testing::build_host_module(src, "dw_" + tag, KILN_SHIM_HEADER);
     ASSERT_NE(lib, nullptr);
     using Launch = void (*)(void**, unsigned, unsigned);
     auto launch = reinterpret_cast<Launch>(dlsym(lib, "kiln_test_launch"));

@@ -9,13 +9,18 @@ add_executable(kiln_compiler_tests
 target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main)
 gtest_discover_tests(kiln_compiler_tests)
 
-# Depthwise conv kernels: the generated CUDA source is compiled as host C++
-# (through cuda_host_shim.h, with this build's C++ compiler) and run on the CPU.
+# Generated kernels run on the CPU: their CUDA source is compiled as host C++
+# (through a shim header, with this build's C++ compiler) and loaded
+# (host_kernel.h).
+add_library(kiln_host_kernel_util STATIC host_kernel.cpp)
+target_compile_definitions(kiln_host_kernel_util PRIVATE KILN_HOST_CXX="${CMAKE_CXX_COMPILER}")
+target_link_libraries(kiln_host_kernel_util PUBLIC kiln_compiler GTest::gtest ${CMAKE_DL_LIBS})
+
+# Depthwise conv kernels, thread by thread (cuda_host_shim.h).
 add_executable(kiln_compiler_depthwise_tests compiler_depthwise_test.cpp compiler_test_util.cpp)
 target_compile_definitions(kiln_compiler_depthwise_tests PRIVATE
-  KILN_HOST_CXX="${CMAKE_CXX_COMPILER}"
   KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
-target_link_libraries(kiln_compiler_depthwise_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
+target_link_libraries(kiln_compiler_depthwise_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
 gtest_discover_tests(kiln_compiler_depthwise_tests)
 
 # Generated kernels run on the CPU like the depthwise tests (cuda_host_shim.h):
@@ -28,3 +33,11 @@ foreach(family resample convt)
   target_link_libraries(kiln_compiler_${family}_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
   gtest_discover_tests(kiln_compiler_${family}_tests)
 endforeach()
+# Normalization kernels (layer, group, instance norm), each block's threads
+# as cooperating fibers (cuda_block_shim.h); also their planning and layout.
+add_executable(kiln_compiler_norm_tests compiler_norm_test.cpp compiler_test_util.cpp)
+target_compile_definitions(kiln_compiler_norm_tests PRIVATE
+  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
+  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
+target_link_libraries(kiln_compiler_norm_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
+gtest_discover_tests(kiln_compiler_norm_tests)

@@ -90,6 +90,21 @@ class Resample(torch.nn.Module):
         return (up,) + pads + volume
 
 
+class Norms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(8)
+        self.gn = torch.nn.GroupNorm(2, 4)
+        self.inorm = torch.nn.InstanceNorm2d(4, affine=True)
+
+    def forward(self, x, nhwc):
+        y = self.gn(x) + self.inorm(x)
+        # Pooling a channels-last-strided tensor into a permute (ConvNeXt's
+        # head) exports an as_strided_copy.
+        pooled = F.adaptive_avg_pool2d(nhwc.permute(0, 3, 1, 2), 1).permute(0, 2, 3, 1)
+        return self.ln(y), self.ln(pooled)
+
+
 def _examples():
     torch.manual_seed(0)
     return {
@@ -98,6 +113,7 @@ def _examples():
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
         "vision": (Vision().eval(), (torch.randn(1, 3, 8, 8),)),
         "resample": (Resample(), (torch.randn(1, 2, 4, 5), torch.randn(1, 2, 3, 4, 5))),
+        "norms": (Norms().eval(), (torch.randn(2, 4, 8, 8), torch.randn(2, 3, 3, 8))),
     } | {
         name: (factory(), tuple(torch.randn(shape) for shape in conformance_elementwise.CASES[name]))
         for name, factory in conformance_elementwise.FACTORIES.items()

@@ -4,7 +4,8 @@ with a reason. Engines are compiled for sm_90 only to keep CI time small; the
 GPU conformance suite (tests/gpu) checks their numbers.
 
 Each model takes under ~10 s on a 2-core CI machine (resnet50 ~7 s,
-efficientnet_b0 ~10 s); KILN_SKIP_SLOW_MODELS=1 skips those two.
+efficientnet_b0 ~10 s, convnext_tiny ~25 s); KILN_SKIP_SLOW_MODELS=1 skips
+those three.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def _compile(model: torch.nn.Module, batch: int = 1, size: int = 224, channels: 
         ("mobilenet_v3_large", 352, torch.float16, 1),
         pytest.param("resnet50", 175, torch.float32, 8, marks=slow),
         pytest.param("efficientnet_b0", 288, torch.float16, 1, marks=slow),
+        pytest.param("convnext_tiny", 185, torch.float16, 1, marks=slow),
     ],
 )
 def test_torchvision_model_runs_entirely_in_kiln(name, ops, precision, batch):

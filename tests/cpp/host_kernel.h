@@ -1,0 +1,32 @@
+// Running generated kernels on the CPU, for the kernel numerics tests: the
+// generated CUDA source (the module prelude plus a kernel, as lowering makes
+// them) is compiled as host C++ against a shim header (cuda_host_shim.h for
+// thread-by-thread kernels, cuda_block_shim.h for kernels whose threads
+// cooperate) into a shared library and loaded. Also the element helpers the
+// references share.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine_format/engine_desc.h"
+
+namespace kiln::testing {
+
+// Compiles `source` (which must #include nothing itself) as host C++ after
+// `#include "<shim_header>"`; returns the dlopen handle, or nullptr after
+// reporting a GoogleTest failure with the compiler's log.
+void* build_host_module(const std::string& source, const std::string& tag, const std::string& shim_header);
+
+// ops::pointwise_prelude() without its PTX-asm functions (the shim defines those).
+std::string host_prelude();
+
+// Element i of `bytes` in dtype `d`, widened; and the store that narrows
+// with round-to-nearest-even.
+double read_elem(engine::DType d, const std::vector<uint8_t>& bytes, size_t i);
+void write_elem(engine::DType d, std::vector<uint8_t>& bytes, size_t i, float v);
+// Rounds to `d`'s precision, as a store would.
+double round_to(engine::DType d, double v);
+
+}  // namespace kiln::testing
