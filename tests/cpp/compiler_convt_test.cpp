@@ -26,15 +26,13 @@
 
 #include "compiler/compiler.h"
 #include "compiler_test_util.h"
+#include "host_kernel.h"
 #include "ops/conv_transpose_ops.h"
 #include "ops/depthwise_kernel.h"
 #include "ops/elementwise_kernel.h"
 #include "passes/dtype_convert.h"
 #include "passes/passes.h"
 
-#ifndef KILN_HOST_CXX
-#error "KILN_HOST_CXX (the host C++ compiler) must be defined by the build"
-#endif
 #ifndef KILN_SHIM_HEADER
 #error "KILN_SHIM_HEADER must be defined by the build"
 #endif
@@ -48,52 +46,14 @@ using testing::count_label;
 
 // ---- host execution of generated kernels (as in compiler_depthwise_test.cpp)
 
-double round_to(DType d, double v) {
-  if (d == DType::kFloat16) return passes::half_to_float(passes::float_to_half(static_cast<float>(v)));
-  if (d == DType::kBFloat16) return passes::bfloat16_to_float(passes::float_to_bfloat16(static_cast<float>(v)));
-  return v;
-}
-double read_elem(DType d, const std::vector<uint8_t>& bytes, size_t i) {
-  if (d == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, &bytes[i * 4], 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, &bytes[i * 2], 2);
-  return d == DType::kFloat16 ? passes::half_to_float(h) : passes::bfloat16_to_float(h);
-}
-void write_elem(DType d, std::vector<uint8_t>& bytes, size_t i, float v) {
-  if (d == DType::kFloat32) {
-    std::memcpy(&bytes[i * 4], &v, 4);
-    return;
-  }
-  uint16_t h = d == DType::kFloat16 ? passes::float_to_half(v) : passes::float_to_bfloat16(v);
-  std::memcpy(&bytes[i * 2], &h, 2);
-}
+using testing::host_prelude;
+using testing::read_elem;
+using testing::round_to;
+using testing::write_elem;
+
 std::vector<double> doubles(const ir::Value& v) {
   std::vector<double> out(static_cast<size_t>(v.numel()));
   for (size_t i = 0; i < out.size(); ++i) out[i] = read_elem(v.dtype, v.data, i);
-  return out;
-}
-
-// The prelude without its PTX-asm functions (the shim defines those).
-std::string host_prelude() {
-  std::istringstream in(ops::pointwise_prelude());
-  std::string line, block, out;
-  int depth = 0;
-  while (std::getline(in, line)) {
-    if (depth == 0 && line.rfind("__device__", 0) != 0) {
-      out += line + "\n";
-      continue;
-    }
-    block += line + "\n";
-    for (char ch : line) depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
-    if (depth == 0) {
-      if (block.find("asm(") == std::string::npos) out += block;
-      block.clear();
-    }
-  }
   return out;
 }
 
@@ -103,29 +63,10 @@ using Launch = void (*)(void**, unsigned, unsigned);
 // shim; returns the dlopen handle and its launcher.
 void* build_host_kernel(const std::string& source, const std::string& function, const std::string& tag,
                         Launch* launch) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("kiln_convt_" + std::to_string(::getpid()) + "_" + tag);
-  fs::create_directories(dir);
-  fs::path cpp = dir / "kernel.cpp", so = dir / "kernel.so", log = dir / "build.log";
-  std::ofstream(cpp) << "#include \"" << KILN_SHIM_HEADER << "\"\n"
-                     << host_prelude() << source
-                     << "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
-                     << "  kiln_shim_launch(&" << function << ", args, grid, block);\n}\n";
-  std::string cmd = std::string(KILN_HOST_CXX) + " -std=c++17 -O1 -fPIC -shared -fno-strict-aliasing -w -o " +
-                    so.string() + " " + cpp.string() + " > " + log.string() + " 2>&1";
-  void* handle = nullptr;
-  if (std::system(cmd.c_str()) != 0) {
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    ADD_FAILURE() << "host compile failed: " << cmd << "\n" << text.str() << "\nsource:\n" << source;
-  } else {
-    handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    EXPECT_NE(handle, nullptr) << dlerror();
-    if (handle) *launch = reinterpret_cast<Launch>(dlsym(handle, "kiln_test_launch"));
-  }
-  std::error_code ignored;
-  fs::remove_all(dir, ignored);  // the mapping outlives the file
+  const std::string launcher = "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                               "  kiln_shim_launch(&" + function + ", args, grid, block);\n}\n";
+  void* handle = testing::build_host_module(host_prelude() + source + launcher, "convt_" + tag, KILN_SHIM_HEADER);
+  if (handle) *launch = reinterpret_cast<Launch>(dlsym(handle, "kiln_test_launch"));
   return handle;
 }
 

@@ -23,15 +23,13 @@
 
 #include "compiler/compiler.h"
 #include "compiler_test_util.h"
+#include "host_kernel.h"
 #include "ops/elementwise_kernel.h"
 #include "ops/resample_kernel.h"
 #include "ops/resample_ops.h"
 #include "passes/dtype_convert.h"
 #include "passes/passes.h"
 
-#ifndef KILN_HOST_CXX
-#error "KILN_HOST_CXX (the host C++ compiler) must be defined by the build"
-#endif
 #ifndef KILN_SHIM_HEADER
 #error "KILN_SHIM_HEADER must be defined by the build"
 #endif
@@ -41,71 +39,13 @@ namespace {
 
 using engine::DType;
 
-double round_to(DType d, double v) {
-  if (d == DType::kFloat16) return passes::half_to_float(passes::float_to_half(static_cast<float>(v)));
-  if (d == DType::kBFloat16) return passes::bfloat16_to_float(passes::float_to_bfloat16(static_cast<float>(v)));
-  return static_cast<float>(v);
-}
-double read_elem(DType d, const std::vector<uint8_t>& bytes, size_t i) {
-  if (d == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, &bytes[i * 4], 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, &bytes[i * 2], 2);
-  return d == DType::kFloat16 ? passes::half_to_float(h) : passes::bfloat16_to_float(h);
-}
-void write_elem(DType d, std::vector<uint8_t>& bytes, size_t i, float v) {
-  if (d == DType::kFloat32) {
-    std::memcpy(&bytes[i * 4], &v, 4);
-    return;
-  }
-  uint16_t h = d == DType::kFloat16 ? passes::float_to_half(v) : passes::float_to_bfloat16(v);
-  std::memcpy(&bytes[i * 2], &h, 2);
-}
+using testing::host_prelude;
+using testing::read_elem;
+using testing::round_to;
+using testing::write_elem;
 
-// The prelude without its PTX-asm functions (the shim defines those).
-std::string host_prelude() {
-  std::istringstream in(ops::pointwise_prelude());
-  std::string line, block, out;
-  int depth = 0;
-  while (std::getline(in, line)) {
-    if (depth == 0 && line.rfind("__device__", 0) != 0) {
-      out += line + "\n";
-      continue;
-    }
-    block += line + "\n";
-    for (char ch : line) depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
-    if (depth == 0) {
-      if (block.find("asm(") == std::string::npos) out += block;
-      block.clear();
-    }
-  }
-  return out;
-}
-
-// Compiles `source` as host C++ against the shim; returns the dlopen handle.
 void* build_host_module(const std::string& source, const std::string& tag) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("kiln_resample_" + std::to_string(::getpid()) + "_" + tag);
-  fs::create_directories(dir);
-  fs::path cpp = dir / "kernel.cpp", so = dir / "kernel.so", log = dir / "build.log";
-  std::ofstream(cpp) << "#include \"" << KILN_SHIM_HEADER << "\"\n" << source;
-  std::string cmd = std::string(KILN_HOST_CXX) + " -std=c++17 -O1 -fPIC -shared -fno-strict-aliasing -w -o " +
-                    so.string() + " " + cpp.string() + " > " + log.string() + " 2>&1";
-  if (std::system(cmd.c_str()) != 0) {
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    ADD_FAILURE() << "host compile failed: " << cmd << "\n" << text.str() << "\nsource:\n" << source;
-    return nullptr;
-  }
-  void* handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  EXPECT_NE(handle, nullptr) << dlerror();
-  std::error_code ignored;
-  fs::remove_all(dir, ignored);  // the mapping outlives the file
-  return handle;
+  return testing::build_host_module(source, "resample_" + tag, KILN_SHIM_HEADER);
 }
 
 // One op on a graph input: the node's op name, attributes and output shape.

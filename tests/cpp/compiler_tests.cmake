@@ -28,9 +28,8 @@ gtest_discover_tests(kiln_compiler_depthwise_tests)
 foreach(family resample convt)
   add_executable(kiln_compiler_${family}_tests compiler_${family}_test.cpp compiler_test_util.cpp)
   target_compile_definitions(kiln_compiler_${family}_tests PRIVATE
-    KILN_HOST_CXX="${CMAKE_CXX_COMPILER}"
     KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
-  target_link_libraries(kiln_compiler_${family}_tests PRIVATE kiln_compiler GTest::gtest_main ${CMAKE_DL_LIBS})
+  target_link_libraries(kiln_compiler_${family}_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
   gtest_discover_tests(kiln_compiler_${family}_tests)
 endforeach()
 # Normalization kernels (layer, group, instance norm), each block's threads
