@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -157,5 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"kiln inspect: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(info, indent=1) if args.json else describe(info))
+    try:
+        print(json.dumps(info, indent=1) if args.json else describe(info))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (`kiln inspect m.pte | head`): not an error.
+        # Point stdout at devnull so the interpreter's final flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

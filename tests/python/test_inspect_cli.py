@@ -100,3 +100,16 @@ def test_command_line_errors():
     environ = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     usage = subprocess.run([sys.executable, "-m", "kiln"], capture_output=True, text=True, env=environ)
     assert usage.returncode == 2 and "usage: kiln inspect" in usage.stderr
+
+
+def test_a_reader_that_stops_early_is_not_an_error(pte):
+    # `kiln inspect m.pte | head -3` (as scripts/quickstart.sh does): the pipe
+    # closes before the report is written; no traceback, exit 0.
+    environ = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    proc = subprocess.Popen([sys.executable, "-m", "kiln", "inspect", str(pte), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+    proc.stdout.read(10)
+    proc.stdout.close()  # the reader goes away with most of the report unread
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
