@@ -113,3 +113,42 @@ def test_attention_inside_a_larger_shape_matches_operands_through_strides():
     attention = [s for s in steps if s["label"] == "attention"]
     assert len(attention) == 1
     assert [s["label"] for s in steps if s["label"] not in ("cast",)] == ["linear", "attention", "linear"]
+
+
+class ResidualProjection(torch.nn.Module):
+    """A transformer block's output projection: x + proj(attention(x))."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = ca.SelfAttention()
+
+    def forward(self, x):
+        return x + self.attn(x)
+
+
+@pytest.mark.parametrize("precision", [torch.float32, torch.float16])
+def test_residual_add_joins_the_projection_gemm(precision):
+    # (a model in the precision it runs in: a float32 model computing in
+    # float16 adds its float32 input, so that add stays a kernel of its own)
+    torch.manual_seed(0)
+    compiled = _compile(ResidualProjection().to(precision), torch.randn(2, 50, 64, dtype=precision),
+                        precision=precision)
+    labels = [s for s in _labels(compiled) if s != "cast"]
+    assert labels == ["linear", "attention", "linear+add"], labels
+
+
+class ResidualMha(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = ca.TorchMha()
+
+    def forward(self, x):
+        return x + self.mha(x)
+
+
+def test_residual_add_joins_the_gemm_through_reshapes_that_move_nothing():
+    # Batch 1: nn.MultiheadAttention's sequence-first transposes only move a
+    # dim of size 1, so they are no kernels and the residual reaches the GEMM.
+    torch.manual_seed(0)
+    compiled = _compile(ResidualMha().half(), torch.randn(1, 65, 96, dtype=torch.float16), precision=torch.float16)
+    assert _labels(compiled) == ["linear", "attention", "linear+add"]
