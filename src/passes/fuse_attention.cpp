@@ -178,6 +178,51 @@ void Matcher::fold_operand_scale(int v, double& scale, std::vector<int>& fold) {
   }
 }
 
+// Whether constant `v` ([..., rows, keys], leading dims 1) keeps exactly the
+// keys j <= i of row i: bool True there (False elsewhere), or a float 0
+// there and at most -1e4 (PyTorch's finfo.min or -inf) elsewhere.
+bool is_causal_constant(const ir::Value& v) {
+  if (!v.is_constant || v.shape.size() < 2) return false;
+  const int64_t rows = v.shape[v.shape.size() - 2], keys = v.shape.back();
+  if (v.numel() != rows * keys) return false;
+  auto element = [&](int64_t i) -> double {
+    const uint8_t* p = v.data.data();
+    switch (v.dtype) {
+      case engine::DType::kBool: return p[i] ? 1.0 : 0.0;
+      case engine::DType::kFloat32: {
+        float f;
+        std::memcpy(&f, p + 4 * i, 4);
+        return f;
+      }
+      case engine::DType::kFloat16:
+      case engine::DType::kBFloat16: {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        if (v.dtype == engine::DType::kBFloat16) {
+          uint32_t bits = static_cast<uint32_t>(h) << 16;
+          float f;
+          std::memcpy(&f, &bits, 4);
+          return f;
+        }
+        const int exp = (h >> 10) & 0x1f, sign = h >> 15;
+        if (exp == 0x1f) return (h & 0x3ff) ? std::nan("") : (sign ? -INFINITY : INFINITY);
+        const double mant = exp ? 1.0 + (h & 0x3ff) / 1024.0 : (h & 0x3ff) / 1024.0;
+        return (sign ? -1.0 : 1.0) * std::ldexp(mant, exp ? exp - 15 : -14);
+      }
+      default: return std::nan("");
+    }
+  };
+  const bool boolean = v.dtype == engine::DType::kBool;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < keys; ++j) {
+      const double x = element(i * keys + j);
+      const bool keep = boolean ? x != 0.0 : x == 0.0;
+      const bool drop = boolean ? x == 0.0 : x <= -1e4;
+      if (j <= i ? !keep : !drop) return false;
+    }
+  return true;
+}
+
 bool Matcher::try_softmax(int s_index) {
   const ir::Node& s = node(s_index);
   if (s.inputs.size() != 1 || s.int_attr("half_to_float", 0) != 0) return false;
@@ -285,6 +330,14 @@ bool Matcher::try_softmax(int s_index) {
       fold.insert(fold.end(), where_nodes.begin(), where_nodes.end());
     }
   }
+  // A constant causal mask (what a decoder's mask folds to at export) is the
+  // kernel's causal mode: no mask reads, and key tiles past a block's rows
+  // are skipped.
+  bool causal = false;
+  if (mask >= 0 && is_causal_constant(graph_.value(mask))) {
+    causal = true;
+    mask = -1;
+  }
   int q = node(bmm1).inputs[0], kt = node(bmm1).inputs[1], vv = node(bmm2).inputs[1];
   const engine::DType dt = graph_.value(q).dtype;
   if (graph_.value(kt).dtype != dt || graph_.value(vv).dtype != dt || graph_.value(x).dtype != dt) return false;
@@ -302,7 +355,7 @@ bool Matcher::try_softmax(int s_index) {
   if (mask >= 0) out.inputs.push_back(mask);
   out.attrs.clear();
   out.attrs["scale"] = scale;
-  out.attrs["is_causal"] = false;
+  out.attrs["is_causal"] = causal;
   out.attrs["k_transposed"] = true;
   out.attrs["heads_split"] = heads_split;
   out.outputs = {out_value};
