@@ -27,6 +27,11 @@ whose result is not a tensor (or tuple of tensors) or does not match the
 node's recorded dtype and shape, and nodes that feed the program's output
 directly (kept as they are).
 
+Layout-only chains of one constant (a weight's transpose, a view or cast
+of a buffer: _LAYOUT_OPS) are evaluated (later nodes may need them) but not
+turned into new constants: Kiln's compiler folds those itself, and copying
+every linear's transposed weight here would double the export's memory.
+
 Size bound: a folded value may be as large as the constants it is computed
 from together, or MAX_FOLDED_BYTES (16 MiB), whichever is larger, so folding
 never turns a small constant into a huge one (an expand of a scalar to a
