@@ -215,8 +215,11 @@ def fold_constants(program: ExportedProgram) -> ExportedProgram:
         values[node] = flat[0] if isinstance(value, torch.Tensor) else type(value)(flat)
         folded.append(node)
         sources = node.all_input_nodes
+        # (A cast to an integer dtype is folded here: the compiler folds only
+        # casts to float dtypes.)
         if (_aten_op(node.target)._schema.name.split("::")[-1] in _LAYOUT_OPS and len(sources) == 1
-                and sources[0] in trivial):
+                and sources[0] in trivial and isinstance(value, torch.Tensor)
+                and (value.dtype == values[sources[0]].dtype or value.dtype.is_floating_point)):
             trivial.add(node)
     folded = [n for n in folded if n not in trivial]
     if not any(u not in folded and u.op != "output" for n in folded for u in n.users):

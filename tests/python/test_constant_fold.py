@@ -173,3 +173,24 @@ def test_folding_off_leaves_the_mask_ops(monkeypatch):
     assert _constant_fold.transform_passes() is None
     program = _edge(TokenModel().eval(), ids, mask)
     assert _constant_fold.fold_constants(program) is program
+
+
+class IntegerCastOfBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ids", torch.arange(6) * 3)
+
+    def forward(self, x):
+        return x[self.ids.to(torch.int32)] + self.ids.to(torch.float32)[:, None]
+
+
+def test_an_integer_cast_of_a_buffer_is_folded_and_the_model_compiles():
+    x = torch.randn(20, 4)
+    program = _edge(IntegerCastOfBuffer(), x)
+    folded = _constant_fold.fold_constants(program)
+    assert "aten._to_copy.default" in _ops(folded)  # the float cast: the compiler folds it
+    kinds = [n.meta["val"].dtype for n in folded.graph.nodes if n.op == "placeholder"]
+    assert torch.int32 in kinds, kinds  # the int32 cast became a constant
+    torch.testing.assert_close(_run(folded, x), IntegerCastOfBuffer()(x))
+    compiled = kiln.compile(export(IntegerCastOfBuffer(), x), arg_inputs=(x,), target_sms=(90,))
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
