@@ -51,12 +51,15 @@ std::string generate_gather_kernel(const ir::Graph& graph, const GatherPlan& pla
     if (!free) break;
     ++t;
   }
-  const int64_t elem = static_cast<int64_t>(engine::dtype_size(out.dtype));
+  // A float32 graph input gathered into a float16 engine (precision pass):
+  // element by element with the dtype conversion, else raw bytes.
+  const bool convert = data.dtype != out.dtype;
+  const int64_t elem = static_cast<int64_t>(engine::dtype_size(convert ? data.dtype : out.dtype));
   int64_t block = 1;
   for (size_t j = r - t; j < r; ++j) block *= out.shape[j];
   const int64_t rows = out.numel() / block;
   const int64_t bytes = block * elem;
-  const int64_t vec = vector_bytes(bytes, elem);
+  const int64_t vec = convert ? elem : vector_bytes(bytes, elem);
 
   std::ostringstream s;
   // A 16-byte unit, declared once per module (the host test shim has no uint4).
@@ -108,6 +111,11 @@ std::string generate_gather_kernel(const ir::Graph& graph, const GatherPlan& pla
       << "      src += v * " << ll(dstride[d]) << ";\n    }\n";
   }
   const std::string vt = unit_type(vec), et = unit_type(elem);
+  if (convert) {
+    const std::string from = std::string("((const ") + codegen::storage_type(data.dtype) + "*)data)[src + c]";
+    s << "    ((" << codegen::storage_type(out.dtype) << "*)out)[row * " << ll(block) << " + c] = "
+      << codegen::store_expr(out.dtype, codegen::load_expr(data.dtype, from)) << ";\n  }\n}\n";
+  } else {
   s << "    if (wide)\n"
     << "      ((" << vt << "*)(out + row * " << ll(bytes) << "))[c] = ((const " << vt << "*)(data + src * " << ll(elem)
     << "))[c];\n"
@@ -115,6 +123,7 @@ std::string generate_gather_kernel(const ir::Graph& graph, const GatherPlan& pla
     << "      ((" << et << "*)(out + row * " << ll(bytes) << "))[c] = ((const " << et << "*)(data + src * "
     << ll(elem) << "))[c];\n"
     << "  }\n}\n";
+  }
   const int64_t units = rows * (bytes / vec);
   launch->grid = static_cast<uint32_t>(
       std::min<int64_t>(std::max<int64_t>(1, (units + kGatherBlock - 1) / kGatherBlock), 65536));

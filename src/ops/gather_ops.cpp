@@ -164,7 +164,12 @@ GatherPlan plan_gather(const ir::Graph& graph, const ir::Node& node) {
   GatherPlan p;
   std::string why = describe(node.op, node.attrs, shapes, graph.value(node.outputs[0]).shape, p);
   if (!why.empty()) throw CompileError("node '" + node.name + "': " + why);
-  if (graph.value(node.inputs[0]).dtype != graph.value(node.outputs[0]).dtype)
+  // Float data may differ from the output (a float32 graph input in a
+  // float16 engine: the kernel converts); other dtypes are copied as bytes.
+  const engine::DType from = graph.value(node.inputs[0]).dtype, to = graph.value(node.outputs[0]).dtype;
+  auto is_float = [](engine::DType d) { return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 ||
+                                               d == engine::DType::kBFloat16; };
+  if (from != to && !(is_float(from) && is_float(to)))
     throw CompileError("node '" + node.name + "': output dtype differs from the data's");
   p.data = node.inputs[0];
   p.out = node.outputs[0];

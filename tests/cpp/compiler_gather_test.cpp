@@ -208,6 +208,36 @@ TEST(GatherKernel, CapabilityCheckRefusesBoolIndicesAndBadShapes) {
   EXPECT_NE(compiler::check_support(q), std::nullopt);
 }
 
+// A float32 graph input gathered in a float16 engine: element by element
+// with the conversion (round to nearest even).
+TEST(GatherKernel, ConvertsFloat32DataToFloat16) {
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat32, {6, 8});
+  int i = g.add_input("i", DType::kInt64, {5});
+  int node = g.add_node("aten.index_select.default", "op", {x, i}, {{"dim", int64_t{0}}}, {{DType::kFloat16, {5, 8}}});
+  const ops::GatherPlan p = ops::plan_gather(g, g.nodes()[static_cast<size_t>(node)]);
+  ops::GatherLaunch launch;
+  const std::string src = ops::generate_gather_kernel(g, p, "kiln_gather_test", &launch);
+  std::vector<float> data(48);
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal;
+  for (float& v : data) v = normal(rng);
+  std::vector<int64_t> idx{5, 0, -1, 9, 2};
+  std::vector<uint8_t> out(80, 0xff);
+  void* out_ptr = out.data();
+  void* data_ptr = data.data();
+  void* idx_ptr = idx.data();
+  long long n = 40;
+  void* args[] = {&out_ptr, &data_ptr, &idx_ptr, &n};
+  run_host(src, "kiln_gather_test", "convert", args, launch.grid, ops::kGatherBlock);
+  const int64_t rows[] = {5, 0, 5, 5, 2};  // -1 wraps to 5, 9 clamps to 5
+  for (size_t r = 0; r < 5; ++r)
+    for (size_t c = 0; c < 8; ++c)
+      ASSERT_EQ(testing::read_elem(DType::kFloat16, out, r * 8 + c),
+                testing::round_to(DType::kFloat16, data[static_cast<size_t>(rows[r]) * 8 + c]))
+          << r << "," << c;
+}
+
 // int64 arithmetic, bitwise ops, exact compares, where and casts in one
 // fused kernel, on values past 2^24 (float would round them).
 TEST(IntegerElementwise, ComputesExactly) {

@@ -150,3 +150,13 @@ def test_small_bert_with_a_padding_mask_leaves_only_attention_to_the_cpu():
     with torch.no_grad():
         compiled = kiln.compile(torch.export.export(model, (ids, mask), strict=False), target_sms=(90,))
     assert _left(compiled) == set(), compiled.summary.line()
+
+
+def test_float32_model_gathers_in_a_float16_engine():
+    # index_select reads the float32 graph input directly; the engine computes
+    # in float16, so the gather kernel converts as it copies.
+    torch.manual_seed(0)
+    model = conformance_gather.IndexSelect().eval()
+    inputs = tuple(torch.randn(s) for s in conformance_gather.CASES["IndexSelect"])
+    compiled = _compile(model, *inputs, enabled_precisions={torch.float16})
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
