@@ -133,13 +133,20 @@ def _matches(value: Any, meta: Any) -> bool:
     return False
 
 
-def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, Any]) -> Optional[Any]:
-    """The node's value when every tensor argument is known, else None."""
+def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, Any],
+              lazy: Optional[set] = None) -> Optional[Any]:
+    """The node's value when every tensor argument is known, else None.
+    Arguments in `lazy` (layout nodes of a constant, see fold_constants) are
+    evaluated now, when a node needs them."""
     known = True
 
     def get(a):
         nonlocal known
         if isinstance(a, torch.fx.Node):
+            if lazy is not None and a in lazy and a not in values:
+                v = _evaluate(a, values, lazy)
+                if v is not None:
+                    values[a] = v
             if a not in values:
                 known = False
                 return None
@@ -190,6 +197,7 @@ def fold_constants(program: ExportedProgram) -> ExportedProgram:
     # Values that are a placeholder constant or layout ops of one (see
     # _LAYOUT_OPS): known, but never turned into new constants.
     trivial: set[torch.fx.Node] = set(values)
+    lazy: set[torch.fx.Node] = set()
     for node in graph.nodes:
         if node.op != "call_function" or not _foldable_target(node):
             continue
@@ -201,8 +209,20 @@ def fold_constants(program: ExportedProgram) -> ExportedProgram:
                 if source in trivial:
                     trivial.add(node)
             continue
-        value = _evaluate(node, values)
-        if value is None or not _matches(value, node.meta.get("val")):
+        sources = node.all_input_nodes
+        meta = node.meta.get("val")
+        if (_aten_op(node.target)._schema.name.split("::")[-1] in _LAYOUT_OPS and len(sources) == 1
+                and sources[0] in trivial and isinstance(meta, torch.Tensor)
+                and (meta.dtype == sources[0].meta["val"].dtype or meta.dtype.is_floating_point)):
+            # A layout node of one constant (a weight's transpose): never a new
+            # constant, and evaluated only if a later node needs its value,
+            # so export does not copy every weight. (A cast to an integer
+            # dtype is folded: the compiler folds only casts to float dtypes.)
+            trivial.add(node)
+            lazy.add(node)
+            continue
+        value = _evaluate(node, values, lazy)
+        if value is None or not _matches(value, meta):
             continue
         inputs = [values[a] for a in node.all_input_nodes if isinstance(values.get(a), torch.Tensor)]
         limit = max(MAX_FOLDED_BYTES, _input_bytes(node, values))
@@ -214,13 +234,6 @@ def fold_constants(program: ExportedProgram) -> ExportedProgram:
         flat = [_own_storage(t, inputs) for t in flat]
         values[node] = flat[0] if isinstance(value, torch.Tensor) else type(value)(flat)
         folded.append(node)
-        sources = node.all_input_nodes
-        # (A cast to an integer dtype is folded here: the compiler folds only
-        # casts to float dtypes.)
-        if (_aten_op(node.target)._schema.name.split("::")[-1] in _LAYOUT_OPS and len(sources) == 1
-                and sources[0] in trivial and isinstance(value, torch.Tensor)
-                and (value.dtype == values[sources[0]].dtype or value.dtype.is_floating_point)):
-            trivial.add(node)
     folded = [n for n in folded if n not in trivial]
     if not any(u not in folded and u.op != "output" for n in folded for u in n.users):
         return program  # nothing new would become a constant
