@@ -17,7 +17,7 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from . import _trial
+from . import _constant_fold, _trial
 from ._logging import announce
 from ._options import DEFAULT_TARGET_SMS, KilnOptions, validate_options
 from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu, PartitionSummary
@@ -98,7 +98,9 @@ def lower(exported_program: ExportedProgram, options: KilnOptions) -> tuple[Edge
             partitioner = KilnPartitioner(options, decompose_linear=decompose)
             try:
                 manager = to_edge_transform_and_lower(
-                    exported_program, partitioner=[partitioner], compile_config=edge_compile_config()
+                    exported_program, partitioner=[partitioner], compile_config=edge_compile_config(),
+                    # export-time constant folding of the edge program (_constant_fold.py)
+                    transform_passes=_constant_fold.transform_passes(),
                 )
             except LinearLeftToCpu as e:
                 if attempt == 2:

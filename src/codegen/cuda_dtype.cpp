@@ -12,7 +12,19 @@ const char* storage_type(engine::DType d) {
     case engine::DType::kFloat16:
     case engine::DType::kBFloat16: return "unsigned short";
     case engine::DType::kBool: return "unsigned char";  // torch.bool: one byte, 0 or 1
-    default: throw CompileError(std::string("elementwise kernels do not handle ") + engine::dtype_name(d));
+    case engine::DType::kInt64: return "long long";
+    case engine::DType::kInt32: return "int";
+  }
+  throw CompileError(std::string("elementwise kernels do not handle dtype ") + std::to_string(static_cast<int>(d)));
+}
+
+bool is_integer(engine::DType d) { return d == engine::DType::kInt64 || d == engine::DType::kInt32; }
+
+const char* value_type(engine::DType d) {
+  switch (d) {
+    case engine::DType::kInt64: return "long long";
+    case engine::DType::kInt32: return "int";
+    default: return "float";
   }
 }
 
@@ -22,6 +34,8 @@ std::string load_expr(engine::DType d, const std::string& ref) {
     case engine::DType::kFloat16: return "kiln_ld_f16(" + ref + ")";
     case engine::DType::kBFloat16: return "kiln_ld_bf16(" + ref + ")";
     case engine::DType::kBool: return "((" + ref + ") ? 1.0f : 0.0f)";
+    case engine::DType::kInt64:
+    case engine::DType::kInt32: return ref;  // integers stay integers (exact)
     default: throw CompileError("unsupported load dtype");
   }
 }
@@ -31,7 +45,10 @@ std::string store_expr(engine::DType d, const std::string& value) {
     case engine::DType::kFloat32: return value;
     case engine::DType::kFloat16: return "kiln_st_f16(" + value + ")";
     case engine::DType::kBFloat16: return "kiln_st_bf16(" + value + ")";
-    case engine::DType::kBool: return "(unsigned char)((" + value + ") != 0.0f)";
+    case engine::DType::kBool: return "(unsigned char)((" + value + ") != 0)";
+    // From a float value: truncation toward zero, as torch's casts.
+    case engine::DType::kInt64: return "(long long)(" + value + ")";
+    case engine::DType::kInt32: return "(int)(" + value + ")";
     default: throw CompileError("unsupported store dtype");
   }
 }

@@ -18,7 +18,16 @@ struct AffineMap {
   std::vector<int64_t> coef;  // one per iteration dimension
 };
 
+// Storage: float, unsigned short (float16/bfloat16), unsigned char (bool),
+// long long (int64), int (int32).
 const char* storage_type(engine::DType d);
+bool is_integer(engine::DType d);  // int64 or int32
+// The type a value of dtype `d` has inside a kernel: integers keep their own
+// type (exact), every other dtype is a float (bool as 1.0f / 0.0f).
+const char* value_type(engine::DType d);
+// Loads widen float dtypes to float and bool to 1.0f / 0.0f, and leave
+// integers as they are; stores narrow to the storage type (C conversion
+// from a float: truncation toward zero, as torch's casts).
 std::string load_expr(engine::DType d, const std::string& ref);
 std::string store_expr(engine::DType d, const std::string& value);
 

@@ -3,7 +3,9 @@
 // node by node (check_support), so what it accepts must compile.
 #include <algorithm>
 
+#include "codegen/cuda_dtype.h"
 #include "compiler/compiler.h"
+#include "ops/elementwise_kernel.h"
 #include "ops/op_registry.h"
 
 namespace kiln::compiler {
@@ -13,22 +15,50 @@ bool is_float(engine::DType d) {
   return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
 }
 
-// Elementwise ops and views also take bool tensors (masks, comparisons).
-std::optional<std::string> check_tensors(const OpQuery& q, bool allow_bool) {
-  auto check = [allow_bool](const TensorInfo& t, const char* what, size_t i) -> std::optional<std::string> {
-    if (!is_float(t.dtype) && !(allow_bool && t.dtype == engine::DType::kBool))
-      return std::string(what) + " " + std::to_string(i) + " is " + engine::dtype_name(t.dtype) +
-             "; Kiln engines take float32, float16 and bfloat16 tensors" + (allow_bool ? " (and bool masks)" : "");
-    if (t.shape.size() > engine::kMaxRank) return std::string(what) + " has rank over 8";
+// Which dtypes a tensor of the node may have: float always; bool and
+// int64/int32 too for views and ops that declare any_dtype; for elementwise
+// ops bool anywhere and integer operands (integer results only where the
+// elementwise kernel computes them exactly); index inputs must be
+// int64/int32.
+struct DtypeRule {
+  bool allow_bool = false;
+  bool allow_integer_inputs = false;
+  bool allow_integer_outputs = false;
+  const std::vector<int>* index_inputs = nullptr;
+};
+
+std::optional<std::string> check_tensors(const OpQuery& q, const DtypeRule& rule) {
+  auto shape_ok = [](const TensorInfo& t, const std::string& what) -> std::optional<std::string> {
+    if (t.shape.size() > engine::kMaxRank) return what + " has rank over 8";
     for (int64_t d : t.shape)
-      if (d < 0) return std::string(what) + " " + std::to_string(i) + " has a dynamic dimension (not supported yet)";
+      if (d < 0) return what + " has a dynamic dimension (not supported yet)";
     return std::nullopt;
   };
-  for (size_t i = 0; i < q.inputs.size(); ++i)
-    if (auto r = check(q.inputs[i], "input", i)) return r;
+  auto dtype_ok = [&](const TensorInfo& t, bool integer_ok, const std::string& what) -> std::optional<std::string> {
+    if (is_float(t.dtype) || (rule.allow_bool && t.dtype == engine::DType::kBool) ||
+        (integer_ok && codegen::is_integer(t.dtype)))
+      return std::nullopt;
+    return what + " is " + engine::dtype_name(t.dtype) + "; " + q.op + " takes float32, float16 and bfloat16" +
+           (rule.allow_bool ? ", bool" : "") + (integer_ok ? ", int64 and int32" : "") + " tensors there";
+  };
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const std::string what = "input " + std::to_string(i);
+    const bool index = rule.index_inputs &&
+                       std::find(rule.index_inputs->begin(), rule.index_inputs->end(), static_cast<int>(i)) !=
+                           rule.index_inputs->end();
+    if (index && !codegen::is_integer(q.inputs[i].dtype))
+      return what + " (indices) is " + engine::dtype_name(q.inputs[i].dtype) + "; " + q.op +
+             " takes int64 or int32 indices";
+    if (!index)
+      if (auto r = dtype_ok(q.inputs[i], rule.allow_integer_inputs, what)) return r;
+    if (auto r = shape_ok(q.inputs[i], what)) return r;
+  }
   if (q.outputs.empty()) return "op has no tensor output";
-  for (size_t i = 0; i < q.outputs.size(); ++i)
-    if (auto r = check(q.outputs[i], "output", i)) return r;
+  for (size_t i = 0; i < q.outputs.size(); ++i) {
+    const std::string what = "output " + std::to_string(i);
+    if (auto r = dtype_ok(q.outputs[i], rule.allow_integer_outputs, what)) return r;
+    if (auto r = shape_ok(q.outputs[i], what)) return r;
+  }
   return std::nullopt;
 }
 
@@ -59,9 +89,14 @@ std::optional<std::string> check_support(const OpQuery& q) {
   bool constant_cast = def->folds_constant_inputs && q.inputs.size() == 1 && q.inputs[0].is_constant &&
                        checked.outputs.size() == 1 && is_float(checked.outputs[0].dtype);
   if (constant_cast) return std::nullopt;
-  const bool allow_bool =
-      def->role == ops::OpRole::kElementwise || def->role == ops::OpRole::kView || def->bool_inputs;
-  if (auto r = check_tensors(checked, allow_bool)) return r;
+  DtypeRule rule;
+  const bool elementwise = def->role == ops::OpRole::kElementwise;
+  const bool any = def->any_dtype || def->role == ops::OpRole::kView;  // views alias whatever they are given
+  rule.allow_bool = any || elementwise || def->bool_inputs;  // bool_inputs: attention masks
+  rule.allow_integer_inputs = any || elementwise;
+  rule.allow_integer_outputs = any || (elementwise && ops::integer_elementwise_supported(q.op));
+  rule.index_inputs = &def->index_inputs;
+  if (auto r = check_tensors(checked, rule)) return r;
   if (def->check) {
     std::string why = def->check(q);
     if (!why.empty()) return why;

@@ -1,16 +1,133 @@
 #include "ops/elementwise_kernel.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
+#include <variant>
 
 #include "codegen/cuda_dtype.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
 using codegen::affine_offset;
+using codegen::is_integer;
 using codegen::load_expr;
 using codegen::storage_type;
 using codegen::store_expr;
+using codegen::value_type;
+
+namespace {
+
+bool is_comparison(const std::string& op) {
+  for (const char* base : {"aten.eq.", "aten.ne.", "aten.lt.", "aten.le.", "aten.gt.", "aten.ge."})
+    if (op.rfind(base, 0) == 0) return true;
+  return false;
+}
+
+// An integer scalar attribute as a C literal; CompileError for a fraction
+// (torch gives a float result then, so an integer node never has one).
+std::string integer_literal(const ir::Node& node, const std::string& key, int64_t fallback) {
+  auto it = node.attrs.find(key);
+  if (it == node.attrs.end()) return std::to_string(fallback) + "LL";
+  if (auto* i = std::get_if<int64_t>(&it->second)) return std::to_string(*i) + "LL";
+  if (auto* b = std::get_if<bool>(&it->second)) return *b ? "1LL" : "0LL";
+  if (auto* d = std::get_if<double>(&it->second)) {
+    if (std::nearbyint(*d) == *d && std::fabs(*d) < 9.0e18) return std::to_string(static_cast<int64_t>(*d)) + "LL";
+  }
+  throw CompileError("node '" + node.name + "': attribute '" + key + "' is not an integer");
+}
+
+// A node whose output is int64/int32, computed exactly in that type;
+// operands that are floats (bool as 1.0f / 0.0f) are converted first.
+std::string integer_expression(const ir::Node& node, const std::vector<std::string>& x,
+                               const std::vector<engine::DType>& types, engine::DType out) {
+  const std::string t = value_type(out);
+  auto arg = [&](size_t i) {
+    return is_integer(types.at(i)) ? "((" + t + ")" + x.at(i) + ")" : "((" + t + ")(" + x.at(i) + "))";
+  };
+  const std::string& op = node.op;
+  auto scaled = [&](const std::string& b) {
+    std::string alpha = integer_literal(node, "alpha", 1);
+    return alpha == "1LL" ? b : "(" + alpha + " * " + b + ")";
+  };
+  if (op == "aten.add.Tensor") return "(" + arg(0) + " + " + scaled(arg(1)) + ")";
+  if (op == "aten.add.Scalar") return "(" + arg(0) + " + " + scaled(integer_literal(node, "other", 0)) + ")";
+  if (op == "aten.sub.Tensor") return "(" + arg(0) + " - " + scaled(arg(1)) + ")";
+  if (op == "aten.sub.Scalar") return "(" + arg(0) + " - " + scaled(integer_literal(node, "other", 0)) + ")";
+  if (op == "aten.mul.Tensor") return "(" + arg(0) + " * " + arg(1) + ")";
+  if (op == "aten.mul.Scalar") return "(" + arg(0) + " * " + integer_literal(node, "other", 1) + ")";
+  if (op == "aten.neg.default") return "(-" + arg(0) + ")";
+  if (op == "aten.abs.default") return "(" + arg(0) + " < 0 ? -" + arg(0) + " : " + arg(0) + ")";
+  if (op == "aten.maximum.default") return "(" + arg(0) + " > " + arg(1) + " ? " + arg(0) + " : " + arg(1) + ")";
+  if (op == "aten.minimum.default") return "(" + arg(0) + " < " + arg(1) + " ? " + arg(0) + " : " + arg(1) + ")";
+  if (op == "aten.bitwise_and.Tensor") return "(" + arg(0) + " & " + arg(1) + ")";
+  if (op == "aten.bitwise_or.Tensor") return "(" + arg(0) + " | " + arg(1) + ")";
+  if (op == "aten.bitwise_xor.Tensor") return "(" + arg(0) + " ^ " + arg(1) + ")";
+  if (op == "aten.bitwise_not.default") return "(~" + arg(0) + ")";
+  if (op == "aten.where.self") return "((" + x.at(0) + " != 0) ? " + arg(1) + " : " + arg(2) + ")";
+  if (op == "aten.masked_fill.Scalar")
+    return "((" + x.at(1) + " != 0) ? (" + t + ")" + integer_literal(node, "value", 0) + " : " + arg(0) + ")";
+  if (op == "aten.scalar_tensor.default") return "((" + t + ")" + integer_literal(node, "s", 0) + ")";
+  if (op == "aten._to_copy.default" || op == "aten.clone.default" || op == "kiln.cast" || op == "kiln.copy" ||
+      op == "aten.expand_copy.default")
+    return arg(0);  // a float operand truncates toward zero, as torch's cast
+  throw CompileError("node '" + node.name + "': " + op + " with an integer result is not supported");
+}
+
+// A comparison of integer operands, exact (a float scalar compares as float,
+// as torch promotes).
+std::string integer_comparison(const ir::Node& node, const std::vector<std::string>& x) {
+  static const std::map<std::string, const char*> kCompare = {
+      {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+  const std::string base = node.op.substr(5, node.op.find('.', 5) - 5);
+  std::string rhs;
+  if (node.inputs.size() == 2) {
+    rhs = x.at(1);
+  } else {
+    auto it = node.attrs.find("other");
+    if (it != node.attrs.end() && std::holds_alternative<double>(it->second))
+      return "(((float)" + x.at(0) + " " + kCompare.at(base) + " " + elementwise_scalar(std::get<double>(it->second)) +
+             ") ? 1.0f : 0.0f)";
+    rhs = integer_literal(node, "other", 0);
+  }
+  return "((" + x.at(0) + " " + kCompare.at(base) + " " + rhs + ") ? 1.0f : 0.0f)";
+}
+
+}  // namespace
+
+bool integer_elementwise_supported(const std::string& op) {
+  static const char* kOps[] = {
+      "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar", "aten.mul.Tensor",
+      "aten.mul.Scalar", "aten.neg.default", "aten.abs.default", "aten.maximum.default", "aten.minimum.default",
+      "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor", "aten.bitwise_xor.Tensor", "aten.bitwise_not.default",
+      "aten.where.self", "aten.masked_fill.Scalar", "aten.scalar_tensor.default", "aten._to_copy.default",
+      "aten.clone.default", "kiln.cast", "kiln.copy", "aten.expand_copy.default"};
+  for (const char* name : kOps)
+    if (op == name) return true;
+  return false;
+}
+
+std::string elementwise_scalar(double v) {
+  if (std::isnan(v)) return "__int_as_float(0x7fc00000)";
+  if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9ef", static_cast<double>(static_cast<float>(v)));
+  return buffer;
+}
+
+std::string typed_expression(const ir::Node& node, std::vector<std::string> operands,
+                             const std::vector<engine::DType>& types, engine::DType out) {
+  if (is_integer(out)) return integer_expression(node, operands, types, out);
+  bool integer_operands = !types.empty();
+  for (engine::DType d : types) integer_operands = integer_operands && is_integer(d);
+  if (integer_operands && is_comparison(node.op)) return integer_comparison(node, operands);
+  // A float (or bool) result: integer operands convert to float first, as
+  // torch promotes them.
+  for (size_t i = 0; i < operands.size() && i < types.size(); ++i)
+    if (is_integer(types[i])) operands[i] = "((float)" + operands[i] + ")";
+  return elementwise_expression(node, operands);
+}
 
 namespace {
 
@@ -99,16 +216,19 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
                          std::to_string(node.inputs.size()) + " tensor inputs, expected " +
                          std::to_string(op->tensor_inputs));
     std::vector<std::string> operands;
+    std::vector<engine::DType> types;
     for (int in : node.inputs) {
       auto it = name_of.find(in);
       if (it == name_of.end())
         throw CompileError("node '" + node.name + "': operand '" + graph.value(in).name + "' is not available in " +
                            where);
       operands.push_back(it->second);
+      types.push_back(graph.value(in).dtype);
     }
     const std::string var = "t" + std::to_string(t) + suffix;
-    out << indent << "const float " << var << " = " << elementwise_expression(node, operands) << ";  // "
-        << node.name << "\n";
+    const engine::DType out_dtype = graph.value(node.outputs.at(0)).dtype;
+    out << indent << "const " << value_type(out_dtype) << " " << var << " = "
+        << typed_expression(node, operands, types, out_dtype) << ";  // " << node.name << "\n";
     name_of[node.outputs.at(0)] = var;
     last = var;
   }
@@ -135,8 +255,8 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePla
     const ir::Value& in = graph.value(plan.inputs[j]);
     std::string var = "x" + std::to_string(j);
     std::string offset = layout ? affine_offset(plan.input_map, iter) : broadcast_offset(in.shape, out.shape);
-    src << "    const float " << var << " = " << load_expr(in.dtype, "in" + std::to_string(j) + "[" + offset + "]")
-        << ";\n";
+    src << "    const " << value_type(in.dtype) << " " << var << " = "
+        << load_expr(in.dtype, "in" + std::to_string(j) + "[" + offset + "]") << ";\n";
     name_of[plan.inputs[j]] = var;
   }
   std::string last = emit_elementwise_chain(graph, plan.nodes, name_of, "", "    ", "its fused kernel", src);

@@ -20,7 +20,23 @@ constexpr unsigned kPointwiseBlock = 256;
 // Helpers every generated module starts with (dtype conversion, activations).
 std::string pointwise_prelude();
 
-// Writes one `const float <t><k><suffix> = <expr>;` line per node of an
+// Whether `op` may have an int64/int32 result inside an elementwise kernel
+// (integer arithmetic, bitwise ops, selection, casts and copies); others
+// with integer operands must have a float or bool result.
+bool integer_elementwise_supported(const std::string& op);
+
+// A float scalar as a CUDA literal that round-trips (inf and NaN as bits).
+std::string elementwise_scalar(double v);
+
+// The CUDA expression of elementwise `node` in the types its values have in
+// a kernel (codegen::value_type): an integer result is computed exactly in
+// its integer type, a comparison of integers exactly, anything else in float
+// (integer operands converted, as torch promotes). `types`: the operands'
+// dtypes. Throws CompileError for an op with an unsupported integer result.
+std::string typed_expression(const ir::Node& node, std::vector<std::string> operands,
+                             const std::vector<engine::DType>& types, engine::DType out);
+
+// Writes one `const <type> <t><k><suffix> = <expr>;` line per node of an
 // elementwise chain (graph order), reading operands from `name_of` (value id
 // -> CUDA expression) and adding each result to it. Returns the last
 // variable, or "" for an empty chain. `where` names the kernel in errors.

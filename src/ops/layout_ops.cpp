@@ -285,6 +285,7 @@ KILN_REGISTER_OPS(layout) {
     def.name = name;
     def.role = OpRole::kStep;
     def.check = check_layout;
+    def.any_dtype = true;  // moves elements: int64 ids, int32 and bool masks too
     def.plan = [](PlanContext& ctx, int node) {
       const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
       if (layout_keeps_order(ctx.graph(), n)) {

@@ -52,6 +52,14 @@ struct OpDef {
   // kStep ops whose tensor inputs may be bool (attention masks); elementwise
   // ops and views always may.
   bool bool_inputs = false;
+  // Dtypes beyond the float ones (compiler/op_support.cpp): the op moves or
+  // selects elements whatever their dtype, so its inputs and outputs may
+  // also be int64, int32 or bool (views, layout copies, gathers' data).
+  // Elementwise ops take integer operands anyway (see elementwise_kernel.h).
+  bool any_dtype = false;
+  // Inputs (tensor input numbers) that must be int64 or int32 indices
+  // (embedding's and gather's indices).
+  std::vector<int> index_inputs;
 
   bool internal() const { return name.rfind("kiln.", 0) == 0; }
 };

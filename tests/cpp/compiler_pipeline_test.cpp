@@ -241,8 +241,12 @@ TEST(CompilerSupport, TakesKnownOpsAndExplainsRefusals) {
   permute.inputs[0].is_constant = true;
   EXPECT_FALSE(compiler::check_support(permute).has_value()) << "folded at export for weights";
 
+  // Integer adds are taken (exact int64 arithmetic); an integer result the
+  // elementwise kernel does not compute is refused, naming the dtype.
   compiler::OpQuery ints{"aten.add.Tensor", {{DType::kInt64, {4}, false}, {DType::kInt64, {4}, false}}, {},
                          {{DType::kInt64, {4}, false}}};
+  EXPECT_FALSE(compiler::check_support(ints).has_value());
+  ints.op = "aten.pow.Tensor_Tensor";
   ASSERT_TRUE(compiler::check_support(ints).has_value());
   EXPECT_NE(compiler::check_support(ints)->find("int64"), std::string::npos);
 
