@@ -49,6 +49,8 @@ struct OpDef {
   std::string first_output_only;
   // A constant input of a non-float dtype is accepted (folded at export).
   bool folds_constant_inputs = false;
+  // A step op that also takes bool tensors (elementwise ops and views do).
+  bool takes_bool = false;
 
   bool internal() const { return name.rfind("kiln.", 0) == 0; }
 };
