@@ -146,7 +146,7 @@ std::string unpack(const std::string& var, engine::DType d, int64_t lanes, int64
 }  // namespace
 
 NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, const std::string& name,
-                                int64_t threads_per_row, int64_t vector) {
+                                int64_t threads_per_row, int64_t vector, bool rms) {
   const ir::Value& in = graph.value(plan.input);
   const ir::Value& out = graph.value(plan.out);
   const size_t nr = plan.row_shape.size(), ne = plan.elem_shape.size();
@@ -208,7 +208,9 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
       b << "    float cnt = (float)(((" << units << " - t + " << tpr - 1 << ") / " << tpr << ") * " << V << ");\n";
     else
       b << "    float cnt = " << K * V << ".0f;\n";
-    b << "    float mean = cnt > 0.0f ? sum / cnt : 0.0f;\n"
+    // RMS: deviations from 0, so M2 is the sum of squares (and the
+    // combination, with both means 0, adds them).
+    b << (rms ? "    float mean = 0.0f;\n" : "    float mean = cnt > 0.0f ? sum / cnt : 0.0f;\n")
       << "    float m2 = 0.0f;\n"
       << "    #pragma unroll\n"
       << "    for (int k = 0; k < " << K << "; ++k) {\n"
@@ -259,9 +261,10 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
       << "    for (long long e = t; e < " << L << "LL; e += " << tpr << ") {\n"
       << "      const float x = " << load_expr(in.dtype, "in[base + " + elem_off + "]") << ";\n"
       << "      cnt += 1.0f;\n"
-      << "      const float d = x - mean;\n"
-      << "      mean += d / cnt;\n"
-      << "      m2 += d * (x - mean);\n"
+      << (rms ? "      m2 += x * x;\n"
+              : "      const float d = x - mean;\n"
+                "      mean += d / cnt;\n"
+                "      m2 += d * (x - mean);\n")
       << "    }\n";
     std::ostringstream c;
     emit_row_combine(c, tpr);

@@ -59,8 +59,10 @@ struct NormKernel {
 // Kernel `name` with parameters (out, in, [weight], [bias], long long n),
 // n = the output's element count (rows = n / row size).
 // threads_per_row and vector (0: choose; a vector wider than the plan
-// allows is narrowed) are for tests and measurements.
+// allows is narrowed) are for tests and measurements. rms: RMS
+// normalization (no mean subtracted: out = x * rsqrt(mean(x^2) + eps) *
+// weight + bias), the same kernel with the row mean held at 0.
 NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, const std::string& name,
-                                int64_t threads_per_row = 0, int64_t vector = 0);
+                                int64_t threads_per_row = 0, int64_t vector = 0, bool rms = false);
 
 }  // namespace kiln::ops
