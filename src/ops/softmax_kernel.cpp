@@ -86,12 +86,11 @@ SoftmaxLaunch softmax_launch(const SoftmaxPlan& plan, size_t elem_bytes, int64_t
   const int64_t L = std::max<int64_t>(plan.length, 1);
   if (plan.inner > 1) {
     l.strided = true;
-    l.block_x = 32;
-    l.block_y = L >= 64 ? 8 : L >= 16 ? 4 : 1;
+    l.block_x = 32 * static_cast<uint32_t>(L >= 64 ? 8 : L >= 16 ? 4 : 1);  // 32 rows x Y thread rows
     const int64_t blocks = plan.outer * ((plan.inner + 31) / 32);
     if (blocks > 0x7fffffff) throw CompileError("softmax has too many rows (" + std::to_string(plan.rows()) + ")");
     l.grid = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
-    l.per_thread = (L + l.block_y - 1) / l.block_y;
+    l.per_thread = (L + l.block_x / 32 - 1) / (l.block_x / 32);
     l.cached = false;
     return l;
   }
@@ -147,22 +146,22 @@ SoftmaxKernel generate_softmax_kernel(const ir::Graph& graph, const SoftmaxPlan&
     << "* __restrict__ in, long long n) {\n";
 
   if (l.strided) {
-    const int64_t Y = l.block_y, nib = (plan.inner + 31) / 32, inner = plan.inner;
+    const int64_t Y = l.block_x / 32, nib = (plan.inner + 31) / 32, inner = plan.inner;
     s << "  __shared__ float kiln_m[" << Y << "][32], kiln_s[" << Y << "][32];\n"
       << "  const long long o = blockIdx.x / " << nib << "LL;\n"
-      << "  const long long i = (blockIdx.x % " << nib << "LL) * 32 + threadIdx.x;\n"
-      << "  const int ty = threadIdx.y;\n"
+      << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
+      << "  const long long i = (blockIdx.x % " << nib << "LL) * 32 + tx;\n"
       << "  const bool live = i < " << inner << "LL && o * " << L * inner << "LL < n;\n"
       << "  const long long base = o * " << L * inner << "LL + i;\n"
       << "  float m = KILN_NEG_INF, s = 0.0f;\n"
       << "  if (live)\n"
       << "    for (long long e = ty; e < " << Ls << "; e += " << Y << ")\n"
       << "      kiln_online(m, s, " << load_expr(in.dtype, "in[base + e * " + std::to_string(inner) + "LL]") << ");\n"
-      << "  kiln_m[ty][threadIdx.x] = m;\n"
-      << "  kiln_s[ty][threadIdx.x] = s;\n"
+      << "  kiln_m[ty][tx] = m;\n"
+      << "  kiln_s[ty][tx] = s;\n"
       << "  __syncthreads();\n"
-      << "  m = kiln_m[0][threadIdx.x]; s = kiln_s[0][threadIdx.x];\n"
-      << "  for (int y = 1; y < " << Y << "; ++y) kiln_combine(m, s, kiln_m[y][threadIdx.x], kiln_s[y][threadIdx.x]);\n"
+      << "  m = kiln_m[0][tx]; s = kiln_s[0][tx];\n"
+      << "  for (int y = 1; y < " << Y << "; ++y) kiln_combine(m, s, kiln_m[y][tx], kiln_s[y][tx]);\n"
       << "  if (!live) return;\n"
       << finish()
       << "  for (long long e = ty; e < " << Ls << "; e += " << Y << ") {\n"

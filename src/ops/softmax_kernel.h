@@ -35,7 +35,7 @@ struct SoftmaxLaunch {
   int64_t per_thread = 1;        // elements a thread holds (cached) or walks
   bool cached = true;
   int64_t vector = 1;            // elements a load/store, 1: scalars
-  uint32_t grid = 1, block_x = 32, block_y = 1;
+  uint32_t grid = 1, block_x = 32, block_y = 1;  // the strided form: 32 x (block_x / 32), flat
 };
 
 // The launch of `plan` with elements of `elem_bytes` (the wider of input and
