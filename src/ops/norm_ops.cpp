@@ -364,13 +364,17 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
   std::vector<int> absorbed = {add, rs, mul};
   int y = node_at(ctx, mul).outputs[0];
   if (g.value(y).shape != av.shape) return false;
-  // [cast] -> [mul(weight)]
+  // [cast] -> [mul(weight) -> [cast]] (HF Llama casts before the weight,
+  // nn.RMSNorm in float16 after it)
   int next = ctx.sole_consumer(y);
-  if (next >= 0 && is_cast(node_at(ctx, next).op) && is_float(g.value(node_at(ctx, next).outputs[0]).dtype)) {
-    absorbed.push_back(next);
-    y = node_at(ctx, next).outputs[0];
-    next = ctx.sole_consumer(y);
-  }
+  auto take_cast = [&] {
+    if (next >= 0 && is_cast(node_at(ctx, next).op) && is_float(g.value(node_at(ctx, next).outputs[0]).dtype)) {
+      absorbed.push_back(next);
+      y = node_at(ctx, next).outputs[0];
+      next = ctx.sole_consumer(y);
+    }
+  };
+  take_cast();
   int weight = -1;
   if (next >= 0 && node_at(ctx, next).op == "aten.mul.Tensor") {
     const int w = other_operand(node_at(ctx, next), y);
@@ -381,6 +385,8 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
       weight = w;
       absorbed.push_back(next);
       y = node_at(ctx, next).outputs[0];
+      next = ctx.sole_consumer(y);
+      take_cast();
     }
   }
   // Read x itself where `a` is a widening (or same-dtype) cast of it read by
