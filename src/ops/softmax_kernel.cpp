@@ -132,8 +132,9 @@ SoftmaxKernel generate_softmax_kernel(const ir::Graph& graph, const SoftmaxPlan&
   const SoftmaxLaunch l = kernel.launch = softmax_launch(plan, bytes, threads_per_row, vector);
   const std::string Ls = std::to_string(L) + "LL";
   // The output of element x given the row's m and s (inv = 1/s, ls = log s).
-  auto result = [&](const std::string& x) {
-    std::string y = plan.log ? "(" + x + " - m - ls)" : "(expf(" + x + " - m) * inv)";
+  // `x` is the input, or (held rows of a softmax) already exp(x - m).
+  auto result = [&](const std::string& x, bool is_exp = false) {
+    std::string y = plan.log ? "(" + x + " - m - ls)" : is_exp ? "(" + x + " * inv)" : "(expf(" + x + " - m) * inv)";
     if (plan.safe) y = "(m == KILN_NEG_INF ? 0.0f : " + y + ")";
     return store_expr(out.dtype, y);
   };
@@ -203,7 +204,12 @@ SoftmaxKernel generate_softmax_kernel(const ir::Graph& graph, const SoftmaxPlan&
       << "    for (int k = 0; k < " << K << "; ++k) {\n"
       << "      const int j = t + k * " << tpr << ";\n"
       << "      " << guard << "{\n";
-    for (int64_t i = 0; i < V; ++i) b << "        s += expf(v[k * " << V << " + " << i << "] - m);\n";
+    // softmax keeps exp(x - m) in place of x (one exp an element).
+    for (int64_t i = 0; i < V; ++i) {
+      const std::string vi = "v[k * " + std::to_string(V) + " + " + std::to_string(i) + "]";
+      if (plan.log) b << "        s += expf(" << vi << " - m);\n";
+      else b << "        " << vi << " = expf(" << vi << " - m); s += " << vi << ";\n";
+    }
     b << "      }\n"
       << "    }\n";
     emit_row_reduce(b, "s", "+", tpr);
@@ -213,14 +219,14 @@ SoftmaxKernel generate_softmax_kernel(const ir::Graph& graph, const SoftmaxPlan&
       << "      const int j = t + k * " << tpr << ";\n"
       << "      " << guard << "{\n";
     if (V == 1) {
-      b << "        row_out[j] = " << result("v[k]") << ";\n";
+      b << "        row_out[j] = " << result("v[k]", true) << ";\n";
     } else {
       const int64_t size = static_cast<int64_t>(engine::dtype_size(out.dtype)), per_word = 4 / size;
       const std::string vt = raw_vector_type(V * size);
       std::vector<std::string> words(static_cast<size_t>((V + per_word - 1) / per_word));
       for (int64_t i = 0; i < V; ++i) {
         const std::string x = "v[k * " + std::to_string(V) + " + " + std::to_string(i) + "]";
-        std::string y = result(x);
+        std::string y = result(x, true);
         std::string bits = out.dtype == engine::DType::kFloat32
                                ? "__float_as_uint(" + y + ")"
                                : "((unsigned int)" + y + " << " + std::to_string((i % per_word) * 32 / per_word) + ")";
