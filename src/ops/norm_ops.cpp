@@ -320,6 +320,21 @@ int other_operand(const ir::Node& n, int v) {
 
 }  // namespace
 
+bool stored_before(PlanContext& ctx, int v) {
+  // An elementwise value is kept in registers only when fusion put all its
+  // readers in the kernel computing it; a value with one reader, which is
+  // elementwise, may be such. Anything else is in memory: graph inputs and
+  // constants, step and view results, graph outputs, and values with
+  // several readers (the caller's reader, a cast, holds one input only, so
+  // its kernel cannot also hold the others).
+  const int producer = ctx.graph().value(v).producer;
+  if (producer < 0 || ctx.is_output(v) || ctx.consumers(v).size() != 1) return true;
+  const OpDef* def = find_op(node_at(ctx, producer).op);
+  if (def == nullptr || def->role != OpRole::kElementwise) return true;
+  const OpDef* reader = find_op(node_at(ctx, ctx.consumers(v)[0]).op);
+  return reader == nullptr || reader->role != OpRole::kElementwise;
+}
+
 bool plan_rms_norm(PlanContext& ctx, int mean_node) {
   const ir::Graph& g = ctx.graph();
   const ir::Node& m = node_at(ctx, mean_node);
@@ -390,7 +405,7 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
     }
   }
   // Read x itself where `a` is a widening (or same-dtype) cast of it read by
-  // nothing else than the pattern.
+  // nothing else than the pattern, and x is in memory.
   int x = a;
   if (av.producer >= 0) {
     const ir::Node& cn = node_at(ctx, av.producer);
@@ -399,7 +414,8 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
                               std::find(ac.begin(), ac.end(), p) != ac.end() &&
                               std::find(ac.begin(), ac.end(), mul) != ac.end();
     if (is_cast(cn.op) && cn.inputs.size() == 1 && only_pattern && is_float(g.value(cn.inputs[0]).dtype) &&
-        (av.dtype == engine::DType::kFloat32 || av.dtype == g.value(cn.inputs[0]).dtype))
+        (av.dtype == engine::DType::kFloat32 || av.dtype == g.value(cn.inputs[0]).dtype) &&
+        stored_before(ctx, cn.inputs[0]))
       x = cn.inputs[0];
   }
   NormPlan plan;

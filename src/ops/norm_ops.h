@@ -60,4 +60,10 @@ struct RmsNormPlan : StepPlanBase<RmsNormPlan> {
 // chain does not match.
 bool plan_rms_norm(PlanContext& ctx, int mean_node);
 
+// Whether value `v`, read by a cast the caller is about to bypass, was
+// written to memory by an earlier step (fusion keeps an elementwise value
+// whose only reader is elementwise inside that reader's kernel), so a later
+// step may read it instead of the cast's result.
+bool stored_before(PlanContext& ctx, int v);
+
 }  // namespace kiln::ops

@@ -193,7 +193,8 @@ SoftmaxKernel generate_softmax_kernel(const ir::Graph& graph, const SoftmaxPlan&
     } else {
       const std::string vt = raw_vector_type(V * static_cast<int64_t>(engine::dtype_size(in.dtype)));
       b << "        const " << vt << " r = reinterpret_cast<const " << vt << "*>(row_in)[j];\n";
-      for (int64_t i = 0; i < V; ++i) b << "        v[k * " << V << " + " << i << "] = " << unpack("r", in.dtype, V, i) << ";\n";
+      for (int64_t i = 0; i < V; ++i)
+        b << "        v[k * " << V << " + " << i << "] = " << unpack("r", in.dtype, V, i) << ";\n";
     }
     for (int64_t i = 0; i < V; ++i) b << "        m = kiln_smax(m, v[k * " << V << " + " << i << "]);\n";
     b << "      }\n"

@@ -119,6 +119,28 @@ def test_rms_norm_that_does_not_match_still_compiles():
     assert _steps(compiled) == ["rms_norm"]
 
 
+class RmsOfFusedValue(nn.Module):
+    """The cast's input (y * 2) lives only inside the cast's fused kernel:
+    the RMSNorm step must read the cast's result, not bypass it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(64) + 0.5)
+
+    def forward(self, y):
+        h = (y * 2.0).to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(y.dtype)
+
+
+def test_rms_norm_reads_the_cast_when_its_input_is_not_stored():
+    model = RmsOfFusedValue().half()
+    compiled = _compile(model, torch.randn(3, 64).half(), enabled_precisions={torch.float16})
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
+    steps = _steps(compiled)
+    assert steps[-1] == "rms_norm" and len(steps) == 2, steps
+
+
 def test_safe_softmax_pieces_and_fmod_compile_alone():
     compiled = _compile(cs.RowSmallOps(), torch.randn(4, 33), torch.randn(4, 33))
     assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
