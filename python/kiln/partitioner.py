@@ -259,7 +259,12 @@ class KilnPartitioner(Partitioner):
         # core-ATen decomposition is an index gather Kiln cannot take, and
         # to_edge refuses a kept op that ends up undelegated (a kept op whose
         # trial compile fails is decomposed on the next lowering, as a linear).
-        self._real_state_dict = dict(ep.state_dict)
+        # (lifted tensor constants too: a scale such as `/ math.sqrt(d)` may
+        # become one, and the compiler reads its value)
+        self._real_state_dict = {
+            **{k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)},
+            **ep.state_dict,
+        }
         if self.options.min_block_size != 1 or DECOMPOSE_ALL_LINEARS in self.decompose_linear:
             return [], None
         constants = _fx_nodes.constant_placeholder_names(ep)

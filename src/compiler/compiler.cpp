@@ -174,9 +174,14 @@ const std::vector<Pass>& passes() {
        [](PassState& s, const CompileOptions&, engine::DType) { passes::fold_constants(s.graph); }},
       {"precision",
        [](PassState& s, const CompileOptions&, engine::DType c) { s.graph = passes::apply_precision(s.graph, c); }},
+      {"fuse_attention", [](PassState& s, const CompileOptions&, engine::DType) { passes::fuse_attention(s.graph); }},
+      {"attention_layout",
+       [](PassState& s, const CompileOptions&, engine::DType) { passes::attention_operand_layouts(s.graph); }},
       {"fuse",
        [](PassState& s, const CompileOptions& o, engine::DType) {
-         s.plan = passes::fuse(s.graph, o.op_options);
+         ops::OpOptions op_options = o.op_options;
+         op_options.min_target_sm = static_cast<int>(*std::min_element(o.target_sms.begin(), o.target_sms.end()));
+         s.plan = passes::fuse(s.graph, op_options);
          s.planned = true;
        }},
       {"depthwise_kernels",

@@ -59,7 +59,8 @@ std::optional<std::string> check_support(const OpQuery& q) {
   bool constant_cast = def->folds_constant_inputs && q.inputs.size() == 1 && q.inputs[0].is_constant &&
                        checked.outputs.size() == 1 && is_float(checked.outputs[0].dtype);
   if (constant_cast) return std::nullopt;
-  const bool allow_bool = def->role == ops::OpRole::kElementwise || def->role == ops::OpRole::kView || def->takes_bool;
+  const bool allow_bool =
+      def->role == ops::OpRole::kElementwise || def->role == ops::OpRole::kView || def->bool_inputs;
   if (auto r = check_tensors(checked, allow_bool)) return r;
   if (def->check) {
     std::string why = def->check(q);

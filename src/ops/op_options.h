@@ -14,6 +14,10 @@ struct OpOptions {
   // Depthwise convolutions as generated NHWC kernels with the elementwise
   // chain after them fused in; false keeps them on cuDNN.
   bool depthwise_kernels = true;
+  // The oldest SM the engine's kernels are built for (from target_sms, which
+  // the engine records): kernels with sm_80 instructions (mma.sync on
+  // bfloat16, ldmatrix) are planned only when it is 80 or newer.
+  int min_target_sm = 80;
 };
 
 const char* conv_gemm_name(OpOptions::ConvGemm mode);  // "all", "unstrided", "none"

@@ -49,8 +49,9 @@ struct OpDef {
   std::string first_output_only;
   // A constant input of a non-float dtype is accepted (folded at export).
   bool folds_constant_inputs = false;
-  // A step op that also takes bool tensors (elementwise ops and views do).
-  bool takes_bool = false;
+  // kStep ops whose tensor inputs may be bool (attention masks); elementwise
+  // ops and views always may.
+  bool bool_inputs = false;
 
   bool internal() const { return name.rfind("kiln.", 0) == 0; }
 };

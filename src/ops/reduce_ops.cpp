@@ -80,7 +80,7 @@ KILN_REGISTER_OPS(reduce) {
     OpDef def;
     def.name = name;
     def.role = OpRole::kStep;
-    def.takes_bool = std::string(name) == "aten.any.dim";
+    def.bool_inputs = std::string(name) == "aten.any.dim";
     def.check = check_reduce;
     def.plan = [](PlanContext& ctx, int node) {
       const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];

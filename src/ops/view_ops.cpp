@@ -42,6 +42,41 @@ std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank) {
   return perm;
 }
 
+std::optional<std::vector<int64_t>> view_strides(const std::vector<int64_t>& shape,
+                                                    const std::vector<int64_t>& strides,
+                                                    const std::vector<int64_t>& new_shape) {
+  if (ir::numel_of(shape) != ir::numel_of(new_shape)) return std::nullopt;
+  std::vector<int64_t> out(new_shape.size(), 1);
+  if (ir::numel_of(shape) == 0) {
+    std::vector<int64_t> s(new_shape.size(), 1);
+    for (size_t d = new_shape.size(); d-- > 1;) s[d - 1] = s[d] * new_shape[d];
+    return s;
+  }
+  // Walk the old dims from the innermost, in chunks that are contiguous
+  // with each other; each chunk must be made of whole new dims.
+  int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
+  int64_t chunk_base = strides.empty() ? 1 : strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[static_cast<size_t>(d)];
+    const bool chunk_ends = d == 0 || (shape[static_cast<size_t>(d - 1)] != 1 &&
+                                       strides[static_cast<size_t>(d - 1)] != tensor_numel * chunk_base);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || new_shape[static_cast<size_t>(view_d)] == 1)) {
+      out[static_cast<size_t>(view_d)] = view_numel * chunk_base;
+      view_numel *= new_shape[static_cast<size_t>(view_d)];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return std::nullopt;
+    if (d > 0) {
+      chunk_base = strides[static_cast<size_t>(d - 1)];
+      tensor_numel = view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
 KILN_REGISTER_OPS(views) {
   for (const char* name : {"aten.view_copy.default", "aten._unsafe_view.default", "aten.view.default",
                            "aten.reshape.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",

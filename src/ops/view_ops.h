@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,5 +21,12 @@ bool is_constant_permute_op(const std::string& op);
 // For a permute/t/transpose node over a rank-`rank` input: output dim j is
 // input dim perm[j]. Throws CompileError on out-of-range dims.
 std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank);
+
+// The strides of a view of a tensor with `shape` and `strides` as
+// `new_shape` without copying, when there are such strides (torch's view
+// rule: each run of merged dims must be contiguous within itself).
+std::optional<std::vector<int64_t>> view_strides(const std::vector<int64_t>& shape,
+                                                 const std::vector<int64_t>& strides,
+                                                 const std::vector<int64_t>& new_shape);
 
 }  // namespace kiln::ops

@@ -37,6 +37,18 @@ engine::DType choose_compute_dtype(const std::vector<engine::DType>& enabled_pre
 // `compute` is float32.
 ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute);
 
+// Attention operands (q, k, v, mask) reached through views, permutes and
+// expands are read from their root value with strides (the node gets
+// "<operand>_shape"/"<operand>_strides" attributes) and the copies nobody
+// else reads are dropped (attention_layout.cpp). Runs just before fuse().
+void attention_operand_layouts(ir::Graph& graph);
+
+// Recognizes attention written as bmm -> scale -> mask -> softmax -> bmm
+// (how torch.export decomposes scaled_dot_product_attention, and how many
+// models write it) and makes each one kiln.attention node
+// (fuse_attention.cpp). Returns how many it fused.
+int fuse_attention(ir::Graph& graph);
+
 // Groups the nodes into launches: matrix products (with bias/relu epilogues
 // folded in) and fused elementwise kernels. Adds transposed weight constants
 // to `graph` where that avoids a transpose at run time.

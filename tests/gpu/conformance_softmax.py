@@ -52,7 +52,9 @@ class SafeSoftmax(nn.Module):
 
 class Attention(nn.Module):
     """scaled_dot_product_attention with a boolean mask (no fully masked
-    rows: the GPU reference's fused kernels may differ there)."""
+    rows: the GPU reference's fused kernels may differ there): the fused
+    attention step where the attention pass matches, else bmm, the safe
+    softmax kernel, bmm."""
 
     def __init__(self, seq=20):
         super().__init__()

@@ -1,0 +1,36 @@
+// Generates the fused attention kernel of an AttentionPlan. Two variants:
+//  * tensor cores (float16/bfloat16, head dims a multiple of 16 up to 128,
+//    every SM targeted sm_80 or newer): a warp owns 16 query rows, a block
+//    kAttnWarps of them; key/value tiles of 64 rows go through shared memory;
+//    Q K^T and P V are mma.sync m16n8k16 products with float accumulators;
+//    the online softmax (base 2, scale folded in) runs on the accumulators;
+//  * SIMT (float32, other head dims, older SMs): a warp owns one query row,
+//    a block 8 of them; tiles of 32 keys in shared memory as float; each lane
+//    scores one key, then every lane accumulates its slice of the output.
+// Both keep the running max/sum per row in float and write 0 for a row whose
+// keys are all masked (as PyTorch's safe softmax). Shapes, strides, scale
+// and mask layout are baked in as constants.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ops/attention_ops.h"
+
+namespace kiln::ops {
+
+constexpr int64_t kAttnMaxHeadDim = 128;
+
+struct AttentionKernel {
+  std::string source;
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block = 32;
+};
+
+// Whether the tensor-core variant can run `plan` (dtype, head dims, strides).
+bool attention_uses_mma(const AttentionPlan& plan);
+
+// Kernel `name` with parameters (q, k, v, [mask], out).
+AttentionKernel generate_attention_kernel(const AttentionPlan& plan, const std::string& name);
+
+}  // namespace kiln::ops
