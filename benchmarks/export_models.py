@@ -91,11 +91,11 @@ def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bo
     pte = kiln.save(compiled, out / f"{name}.pte", backend_config=device_resident_config())
     export_s = time.perf_counter() - start
     n_cpu = sum(cpu_ops.values())
-    kind = "mlp" if model_name == "mlp_policy" else "conv"
+    kind = "mlp" if model_name in ("mlp_policy", "bert_base") else "conv"
     entry = {
         "name": name, "model": model_name, "batch": batch, "dtype": dtype, "module": "vision_models",
         "seed": vision_models.DEFAULT_SEED, "checksum": checksum, "pte": pte.name,
-        "inputs": [[list(t.shape), dtype] for t in inputs], "rtol": RTOL[(kind, dtype)],
+        "inputs": [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in inputs], "rtol": RTOL[(kind, dtype)],
         "delegates": list(compiled.delegates), "cpu_fallback_ops": n_cpu, "cpu_ops": cpu_ops,
         "export_s": round(export_s, 3), "pte_bytes": pte.stat().st_size,
         "runner_args": ["--device_io=true"], "torch": torch.__version__,

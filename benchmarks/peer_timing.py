@@ -26,11 +26,13 @@ def summarize(times_ms: list[float]) -> dict:
 
 def time_callable(fn, x, warmup: int, runs: int, before_call=None) -> dict:
     """`before_call` (e.g. torch.compiler.cudagraph_mark_step_begin) runs
-    before each call, outside the timed region."""
+    before each call, outside the timed region. `x`: the input, or a tuple of
+    inputs."""
+    args = x if isinstance(x, tuple) else (x,)
     for _ in range(warmup):
         if before_call:
             before_call()
-        fn(x)
+        fn(*args)
     torch.cuda.synchronize()
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
@@ -40,7 +42,7 @@ def time_callable(fn, x, warmup: int, runs: int, before_call=None) -> dict:
         if before_call:
             before_call()
         start.record(stream)
-        fn(x)
+        fn(*args)
         end.record(stream)
         end.synchronize()
         times.append(start.elapsed_time(end))

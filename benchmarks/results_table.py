@@ -24,16 +24,18 @@ import json
 import math
 from pathlib import Path
 
-PEERS = ("eager", "compile", "max_autotune", "reduce_overhead", "aoti")
+PEERS = ("eager", "compile", "max_autotune", "reduce_overhead", "max_autotune_graphs", "aoti")
 PEER_TITLES = {
     "eager": "eager",
     "compile": "compile",
     "max_autotune": "max-autotune-no-cg",
     "reduce_overhead": "reduce-overhead",
+    "max_autotune_graphs": "max-autotune",
     "aoti": "AOTInductor",
 }
 KILN_MODES = ("plain", "graphs")
-MODEL_ORDER = ("mlp_policy", "resnet18_policy", "resnet50", "mobilenet_v3_large", "efficientnet_b0")
+MODEL_ORDER = ("mlp_policy", "resnet18_policy", "resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny",
+               "lraspp_mobilenet_v3_large", "vit_b_16", "bert_base")
 
 
 def _ok_ms(run: dict | None) -> float | None:

@@ -12,6 +12,8 @@ checked against the manifest), then times
   compile                   torch.compile(model)
   max_autotune              torch.compile(model, mode="max-autotune-no-cudagraphs")
   reduce_overhead           torch.compile(model, mode="reduce-overhead") (CUDA graphs)
+  max_autotune_graphs       torch.compile(model, mode="max-autotune") (autotuned kernels and
+                            CUDA graphs; opt in, its autotuning takes minutes a model)
   aoti                      torch._inductor.aoti_compile_and_package + aoti_load_package,
                             in a subprocess (benchmarks/aoti_peer.py); when the package
                             loader fails, the lower-level AOTIModelContainerRunnerCuda
@@ -60,7 +62,8 @@ ALL_PEERS = ("kiln",) + results_table.PEERS
 # Cheapest first: peers run in the order given, one peer across all models at
 # a time, so a deadline drops the costliest compiles, not whole models.
 DEFAULT_PEERS = ("kiln", "eager", "reduce_overhead", "compile", "max_autotune", "aoti")
-COMPILE_MODES = {"compile": None, "max_autotune": "max-autotune-no-cudagraphs", "reduce_overhead": "reduce-overhead"}
+COMPILE_MODES = {"compile": None, "max_autotune": "max-autotune-no-cudagraphs", "reduce_overhead": "reduce-overhead",
+                 "max_autotune_graphs": "max-autotune"}
 
 
 class BudgetExceeded(Exception):
@@ -126,7 +129,7 @@ def run_compiled_peer(name: str, model, x, args) -> dict:
         fn = model
     else:
         fn = torch.compile(model, mode=COMPILE_MODES[name])
-        if name == "reduce_overhead":
+        if name in ("reduce_overhead", "max_autotune_graphs"):
             before = torch.compiler.cudagraph_mark_step_begin
     result = {}
     signal.signal(signal.SIGALRM, _alarm)
@@ -136,7 +139,7 @@ def run_compiled_peer(name: str, model, x, args) -> dict:
             t = time.perf_counter()
             if before:
                 before()
-            fn(x)  # compiles
+            fn(*x)  # compiles
             torch.cuda.synchronize()
             if name != "eager":
                 result["compile_s"] = time.perf_counter() - t
@@ -195,14 +198,15 @@ def run_aoti(entry: dict, args, work: Path, channels_last: bool) -> dict:
 def build_peer_model(model_name: str, batch: int, args):
     """The fp16 model on the GPU with the export's weights (checksum returned
     for checking), a fresh random input, channels_last for convnets."""
-    model, (x,) = vision_models.build(model_name, batch, torch.float16)
+    model, _ = vision_models.build(model_name, batch, torch.float16)
     checksum = vision_models.checksum(model)
     channels_last = model_name in vision_models.CONV_MODELS and not args.no_channels_last
     model = model.cuda()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    x = torch.randn(x.shape, device="cuda", dtype=x.dtype).contiguous(
-        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    x = vision_models.random_inputs(model_name, batch, torch.float16, "cuda")
+    if channels_last:
+        x = tuple(t.contiguous(memory_format=torch.channels_last) for t in x)
     return model, x, checksum, channels_last
 
 

@@ -15,6 +15,11 @@ Models (torchvision definitions, eval mode, random weights):
   lraspp_mobilenet_v3_large
                       torchvision.models.segmentation.lraspp_mobilenet_v3_large
                       (21 classes; returns the "out" map, bilinear upsampling)
+  vit_b_16            torchvision.models.vit_b_16 (12 encoder blocks of
+                      nn.MultiheadAttention, 12 heads of 64, 197 tokens)
+  bert_base           BERT-base (examples/bert_model.py: Hugging Face
+                      BertModel's architecture in plain PyTorch), sequence 128;
+                      inputs input_ids and attention_mask, int64 [batch, 128]
 
 The conv models take [batch, 3, 224, 224], the MLP [batch, 512].
 
@@ -53,7 +58,8 @@ import torch
 from torch import nn
 
 MODELS = ("mlp_policy", "resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy", "convnext_tiny",
-          "lraspp_mobilenet_v3_large")
+          "lraspp_mobilenet_v3_large", "vit_b_16", "bert_base")
+BERT_SEQ = 128
 CONV_MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy", "convnext_tiny",
                "lraspp_mobilenet_v3_large")
 DEFAULT_SEED = 20261202
@@ -100,11 +106,15 @@ class SegmentationOut(nn.Module):
 def _construct(name: str) -> nn.Module:
     if name == "mlp_policy":
         return MlpPolicy()
+    if name == "bert_base":
+        from bert_model import BertBase
+
+        return BertBase()
     if name == "resnet18_policy":
         return ResNet18Policy()
     import torchvision
 
-    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny"):
+    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16"):
         return getattr(torchvision.models, name)(weights=None)
     if name == "lraspp_mobilenet_v3_large":
         return SegmentationOut(torchvision.models.segmentation.lraspp_mobilenet_v3_large(
@@ -113,7 +123,21 @@ def _construct(name: str) -> nn.Module:
 
 
 def input_shape(name: str, batch: int) -> tuple[int, ...]:
+    if name == "bert_base":
+        return (batch, BERT_SEQ)
     return (batch, 512) if name == "mlp_policy" else (batch, 3, 224, 224)
+
+
+def random_inputs(name: str, batch: int, dtype: torch.dtype, device="cpu", generator=None) -> tuple[torch.Tensor, ...]:
+    """Fresh inputs: float ones from N(0, 1) in `dtype`; BERT's token ids over
+    the whole vocabulary and an attention mask padding each row's tail."""
+    shape = input_shape(name, batch)
+    if name != "bert_base":
+        return (torch.randn(shape, generator=generator, device=device, dtype=dtype),)
+    ids = torch.randint(0, 30522, shape, generator=generator, device=device)
+    lengths = torch.randint(BERT_SEQ // 2, BERT_SEQ + 1, (batch, 1), generator=generator, device=device)
+    mask = (torch.arange(BERT_SEQ, device=device)[None, :] < lengths).long()
+    return ids, mask
 
 
 def _residual_last_bns(model: nn.Module) -> set[nn.Module]:
@@ -165,6 +189,13 @@ def init_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> nn.Module:
                 values = rng.uniform(0.5, 1.5, shape) if leaf == "weight" else rng.normal(0.0, 0.1, shape)
             elif leaf == "layer_scale":  # ConvNeXt's per-channel residual scale
                 values = rng.uniform(0.1, 0.3, shape)
+            elif leaf in ("class_token", "pos_embedding"):  # ViT's learned tokens
+                values = rng.normal(0.0, 0.02, shape)
+            elif leaf == "in_proj_weight":  # nn.MultiheadAttention's packed q/k/v projection
+                std = math.sqrt(1.0 / shape[1])
+                values = (rng.integers(0, 2, size=shape, dtype=np.int8) * 2 - 1).astype(np.float64) * std
+            elif leaf == "in_proj_bias":
+                values = rng.normal(0.0, 0.02, shape)
             elif leaf == "weight" and len(shape) >= 2:
                 fan_in = math.prod(shape[1:])  # conv: in/groups * kh * kw; linear: in
                 std = math.sqrt(2.0 / fan_in)
@@ -188,7 +219,9 @@ def checksum(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def example_inputs(name: str, batch: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor]:
+def example_inputs(name: str, batch: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    if name == "bert_base":
+        return random_inputs(name, batch, dtype, generator=torch.Generator().manual_seed(seed))
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(rng.standard_normal(input_shape(name, batch)).astype(np.float32))
     return (x.to(dtype),)

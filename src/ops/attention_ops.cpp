@@ -136,7 +136,7 @@ std::optional<std::array<int64_t, 3>> output_strides(const ir::Graph& graph, con
       auto r = view_strides(out, st, in);
       if (!r) return std::nullopt;
       st = *r;
-    }  // clone: the same layout
+    }  // identity copies: the same layout
   }
   Shape shape = graph.value(node.outputs[0]).shape;
   if (st.back() != 1 && shape.back() != 1) return std::nullopt;
@@ -162,8 +162,8 @@ void plan_attention_step(PlanContext& ctx, int node_index) {
   for (int v = node.outputs[0];;) {
     const int c = ctx.sole_consumer(v);
     if (c < 0) break;
-    const std::string& op = graph.nodes()[static_cast<size_t>(c)].op;
-    if (!is_constant_permute_op(op) && !is_view_op(op) && op != "aten.clone.default") break;
+    const ir::Node& next = graph.nodes()[static_cast<size_t>(c)];
+    if (!is_constant_permute_op(next.op) && !is_view_op(next.op) && !is_identity_copy(graph, next)) break;
     chain.push_back(c);
     v = graph.nodes()[static_cast<size_t>(c)].outputs[0];
   }

@@ -4,10 +4,29 @@
 
 #include "ir/graph.h"
 #include "ops/op_registry.h"
+#include "ops/view_ops.h"
 
 namespace kiln::ops {
 
 namespace {
+
+// A node that moves no element: a view, an identity copy, or a permute that
+// only moves dims of size 1.
+bool keeps_element_order(const ir::Graph& graph, const ir::Node& node) {
+  if (node.inputs.size() != 1 || node.outputs.size() != 1) return false;
+  if (is_view_op(node.op) || is_identity_copy(graph, node)) return true;
+  if (!is_constant_permute_op(node.op)) return false;
+  const std::vector<int64_t>& in = graph.value(node.inputs[0]).shape;
+  const std::vector<int64_t> perm = permutation_of(node, in.size());
+  int64_t last = -1;
+  for (int64_t p : perm) {
+    if (in[static_cast<size_t>(p)] == 1) continue;
+    if (p < last) return false;
+    last = p;
+  }
+  return true;
+}
+
 
 // "aten.addmm.default" -> "addmm"
 std::string short_name(const std::string& op) {
@@ -120,6 +139,36 @@ void plan_gemm(PlanContext& ctx, int node_index) {
       g.out = relu.outputs[0];
       ctx.absorb(next);
       label += "+relu";
+    }
+  }
+  // A residual add after the product (a transformer block's `x + proj(h)`)
+  // becomes cuBLASLt's C operand: D = A B + bias + C, one pass fewer. The
+  // step runs where the add was, when the addend surely exists.
+  // Reshapes between them (nn.MultiheadAttention's [s*b, e] -> [s, b, e] ->
+  // batch-first transpose over a batch of 1) change no element's place.
+  std::vector<int> between;
+  int sum_node = next, product = out;
+  while (sum_node >= 0 && keeps_element_order(graph, graph.nodes()[static_cast<size_t>(sum_node)])) {
+    between.push_back(sum_node);
+    product = graph.nodes()[static_cast<size_t>(sum_node)].outputs[0];
+    sum_node = ctx.sole_consumer(product);
+  }
+  if (sum_node >= 0 && g.c < 0 && g.batch == 1 && g.out == out) {
+    const ir::Node& add = graph.nodes()[static_cast<size_t>(sum_node)];
+    if (add.op == "aten.add.Tensor" && add.inputs.size() == 2 && add.float_attr("alpha", 1.0) == 1.0) {
+      const int other = add.inputs[0] == product ? add.inputs[1] : add.inputs[0];
+      const ir::Value& addend = graph.value(other);
+      const ir::Value& sum = graph.value(add.outputs[0]);
+      if (other != product && addend.dtype == graph.value(out).dtype && sum.dtype == addend.dtype &&
+          addend.shape == sum.shape && addend.numel() == g.m * g.n && sum.numel() == g.m * g.n) {
+        g.c = other;
+        g.beta = 1.0f;
+        g.out = add.outputs[0];
+        for (int b : between) ctx.absorb(b);
+        ctx.absorb(sum_node);
+        ctx.emit_at(sum_node, PlannedOp(label + "+add", std::move(g)));
+        return;
+      }
     }
   }
   ctx.emit(PlannedOp(label, std::move(g)));

@@ -9,6 +9,14 @@ bool is_view_op(const std::string& op) {
   return def != nullptr && def->role == OpRole::kView;
 }
 
+bool is_identity_copy(const ir::Graph& graph, const ir::Node& node) {
+  if (node.op != "aten.clone.default" && node.op != "aten._to_copy.default" && node.op != "kiln.cast") return false;
+  if (node.inputs.size() != 1 || node.outputs.size() != 1) return false;
+  const ir::Value& in = graph.value(node.inputs[0]);
+  const ir::Value& out = graph.value(node.outputs[0]);
+  return in.dtype == out.dtype && in.shape == out.shape;
+}
+
 bool is_constant_permute_op(const std::string& op) {
   return op == "aten.permute_copy.default" || op == "aten.t_copy.default" ||
          op == "aten.transpose_copy.int" || op == "aten.permute.default" ||

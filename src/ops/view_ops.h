@@ -18,6 +18,10 @@ bool is_view_op(const std::string& op);
 // Dimension reorders: folded at export on constants, a gather kernel otherwise.
 bool is_constant_permute_op(const std::string& op);
 
+// A copy that changes nothing but the storage: clone, or a cast to the
+// dtype it already has (fp16 attention decompositions are full of them).
+bool is_identity_copy(const ir::Graph& graph, const ir::Node& node);
+
 // For a permute/t/transpose node over a rank-`rank` input: output dim j is
 // input dim perm[j]. Throws CompileError on out-of-range dims.
 std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank);

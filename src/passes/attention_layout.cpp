@@ -18,7 +18,6 @@ namespace {
 using Shape = std::vector<int64_t>;
 
 constexpr const char* kExpand = "aten.expand_copy.default";
-constexpr const char* kClone = "aten.clone.default";
 const char* kOperands[] = {"q", "k", "v", "mask"};
 
 Shape contiguous_strides(const Shape& shape) {
@@ -30,8 +29,10 @@ Shape contiguous_strides(const Shape& shape) {
 constexpr const char* kSlice = "aten.slice_copy.Tensor";
 constexpr const char* kSelect = "aten.select_copy.int";
 
-bool is_copy_op(const std::string& op) {
-  return ops::is_constant_permute_op(op) || op == kExpand || op == kClone || op == kSlice || op == kSelect;
+bool is_copy_op(const ir::Graph& graph, const ir::Node& node) {
+  const std::string& op = node.op;
+  return ops::is_constant_permute_op(op) || op == kExpand || op == kSlice || op == kSelect ||
+         ops::is_identity_copy(graph, node);
 }
 
 int64_t normalize_dim(int64_t dim, size_t rank) { return dim < 0 ? dim + static_cast<int64_t>(rank) : dim; }
@@ -87,7 +88,7 @@ std::optional<Layout> layout_through(const ir::Graph& graph, const std::vector<i
         strides[du] *= step;
       }
       if (strides.size() != out.size()) { ok = false; break; }
-    } else if (p.op == kClone) {
+    } else if (ops::is_identity_copy(graph, p)) {
       // a copy with the same shape: the same elements
     } else if (group > 1) {
       ok = false;  // only permutes of the trailing dims keep the head grouping
@@ -136,7 +137,7 @@ void attention_operand_layouts(ir::Graph& graph) {
         const int producer = graph.value(root).producer;
         if (producer < 0) break;
         const ir::Node& p = graph.nodes()[static_cast<size_t>(producer)];
-        if (!(ops::is_view_op(p.op) || is_copy_op(p.op)) || p.inputs.empty()) break;
+        if (!(ops::is_view_op(p.op) || is_copy_op(graph, p)) || p.inputs.empty()) break;
         chain.push_back(producer);
         root = p.inputs[0];
       }
@@ -151,7 +152,7 @@ void attention_operand_layouts(ir::Graph& graph) {
       for (size_t k = chain.size(); k >= 1 && !found; --k) {
         const std::vector<int> sub(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(k));
         bool has_copy = false;
-        for (int c : sub) has_copy |= is_copy_op(graph.nodes()[static_cast<size_t>(c)].op);
+        for (int c : sub) has_copy |= is_copy_op(graph, graph.nodes()[static_cast<size_t>(c)]);
         if (!has_copy) break;  // views alone cost nothing
         root = graph.nodes()[static_cast<size_t>(sub.back())].inputs[0];
         found = layout_through(graph, sub, root, operand, target4);
@@ -179,7 +180,7 @@ void attention_operand_layouts(ir::Graph& graph) {
     const auto consumers = consumers_of(graph);
     for (size_t n = graph.nodes().size(); n-- > 0;) {
       ir::Node& node = graph.nodes()[n];
-      if (node.op == "kiln.folded" || !(ops::is_view_op(node.op) || is_copy_op(node.op))) continue;
+      if (node.op == "kiln.folded" || !(ops::is_view_op(node.op) || is_copy_op(graph, node))) continue;
       bool used = false;
       for (int o : node.outputs) used |= is_used(graph, consumers, o);
       if (used) continue;

@@ -88,10 +88,35 @@ class Matcher {
     if (n.op == "aten.div.Scalar") return 1.0 / c;
     return std::nullopt;
   }
-  bool is_layout_copy(const std::string& op) const {
-    return ops::is_view_op(op) || op == "aten.expand_copy.default" || op == "aten.clone.default";
+  bool is_layout_copy(const ir::Node& n) const {
+    return ops::is_view_op(n.op) || n.op == "aten.expand_copy.default" || ops::is_identity_copy(graph_, n);
   }
   bool match_safe_softmax(int x, int s_node, int& p_value, std::vector<int>& fold);
+  // The value of a scalar_tensor node's output (or a one-element constant).
+  std::optional<double> scalar_value(int v) const {
+    if (auto c = constant_scalar(v)) return c;
+    const int p = producer(v);
+    if (p < 0 || graph_.nodes()[static_cast<size_t>(p)].op != "aten.scalar_tensor.default") return std::nullopt;
+    return graph_.nodes()[static_cast<size_t>(p)].float_attr("s", std::nan(""));
+  }
+  // An additive mask made from a boolean one, where(keep, 0, -inf) (as the
+  // SDPA decomposition turns boolean masks into float ones): the boolean
+  // `keep`, with the where and its scalars to fold; -1 otherwise.
+  int boolean_source(int mask, std::vector<int>& fold) const {
+    const int w = producer(mask);
+    if (w < 0 || is_output(mask) || consumers_[static_cast<size_t>(mask)].size() != 1) return -1;
+    const ir::Node& where = graph_.nodes()[static_cast<size_t>(w)];
+    if (where.op != "aten.where.self" || where.inputs.size() != 3) return -1;
+    if (graph_.value(where.inputs[0]).dtype != engine::DType::kBool) return -1;
+    auto keep = scalar_value(where.inputs[1]), drop = scalar_value(where.inputs[2]);
+    if (!keep || !drop || *keep != 0.0 || !(std::isinf(*drop) && *drop < 0)) return -1;
+    fold.push_back(w);
+    for (int v : {where.inputs[1], where.inputs[2]}) {
+      const int p = producer(v);
+      if (p >= 0 && consumers_[static_cast<size_t>(v)].size() == 1 && !is_output(v)) fold.push_back(p);
+    }
+    return where.inputs[0];
+  }
   // Folds a scalar multiply feeding operand `v` of a bmm (through layout
   // copies) into `scale`: the copy after it reads the multiply's input.
   void fold_operand_scale(int v, double& scale, std::vector<int>& fold);
@@ -147,7 +172,7 @@ void Matcher::fold_operand_scale(int v, double& scale, std::vector<int>& fold) {
       fold.push_back(p);
       return;
     }
-    if (!is_layout_copy(pn.op) || pn.inputs.empty() || sole_consumer(v) < 0) return;
+    if (!is_layout_copy(pn) || pn.inputs.empty() || sole_consumer(v) < 0) return;
     consumer = p;
     v = pn.inputs[0];
   }
@@ -177,7 +202,7 @@ bool Matcher::try_softmax(int s_index) {
       bmm2 = c;
       break;
     }
-    if (!is_layout_copy(node(c).op)) return false;
+    if (!is_layout_copy(node(c))) return false;
     fold.push_back(c);
     v = node(c).outputs[0];
   }
@@ -251,6 +276,15 @@ bool Matcher::try_softmax(int s_index) {
       graph_.value(mask).dtype != engine::DType::kBFloat16 && graph_.value(mask).dtype != engine::DType::kBool)
     return false;
 
+  // A boolean mask turned float by where(keep, 0, -inf) is read as boolean.
+  if (mask >= 0) {
+    std::vector<int> where_nodes;
+    const int keep = boolean_source(mask, where_nodes);
+    if (keep >= 0 && graph_.value(keep).shape.size() <= 4) {
+      mask = keep;
+      fold.insert(fold.end(), where_nodes.begin(), where_nodes.end());
+    }
+  }
   int q = node(bmm1).inputs[0], kt = node(bmm1).inputs[1], vv = node(bmm2).inputs[1];
   const engine::DType dt = graph_.value(q).dtype;
   if (graph_.value(kt).dtype != dt || graph_.value(vv).dtype != dt || graph_.value(x).dtype != dt) return false;

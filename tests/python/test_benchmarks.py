@@ -55,7 +55,7 @@ def test_table_and_files(tmp_path):
     text = md.read_text()
     assert (tmp_path / "latest.md").read_text() == text
     line = next(l for l in text.splitlines() if l.startswith("| resnet50 | 8 |"))
-    assert "| 2.000 | 1.600 | 4.000 | 2.400 | fail | 1.900 | fail | reduce-overhead | **1.19x** |" in line
+    assert "| 2.000 | 1.600 | 4.000 | 2.400 | fail | 1.900 | - | fail | reduce-overhead | **1.19x** |" in line
     assert "NVIDIA H200" in text and "abc1234" in text
     assert "SIGSEGV" in text  # failures are listed with their reason
     data = json.loads(js.read_text())
