@@ -1,6 +1,8 @@
 #include "ops/norm_ops.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "ops/norm_kernel.h"
 #include "ops/op_registry.h"
@@ -257,6 +259,184 @@ void NormPlan::lower(LowerContext& ctx, engine::Step& step) const {
   if (weight >= 0) k.args.push_back(ctx.tensor_arg(weight));
   if (bias >= 0) k.args.push_back(ctx.tensor_arg(bias));
   k.args.push_back(LowerContext::int_arg(ctx.graph().value(out).numel()));
+}
+
+void RmsNormPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_rms_norm");
+  NormKernel gen = generate_norm_kernel(ctx.graph(), norm, k.function, 0, 0, /*rms=*/true);
+  ctx.add_source(gen.source);
+  k.grid[0] = gen.launch.grid;
+  k.block[0] = gen.launch.block;
+  k.args = {ctx.tensor_arg(norm.out), ctx.tensor_arg(norm.input)};
+  if (norm.weight >= 0) k.args.push_back(ctx.tensor_arg(norm.weight));
+  k.args.push_back(LowerContext::int_arg(ctx.graph().value(norm.out).numel()));
+}
+
+namespace {
+
+const ir::Node& node_at(PlanContext& ctx, int index) { return ctx.graph().nodes()[static_cast<size_t>(index)]; }
+
+bool is_cast(const std::string& op) {
+  return op == "aten._to_copy.default" || op == "kiln.cast" || op == "aten._to_dim_order_copy.default";
+}
+
+bool is_float(engine::DType d) {
+  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
+}
+
+// The value of a one-element float constant; false when `v` is not one.
+bool constant_scalar(const ir::Value& v, double& out) {
+  if (!v.is_constant || v.numel() != 1 || v.data.size() != engine::dtype_size(v.dtype)) return false;
+  if (v.dtype == engine::DType::kFloat32) {
+    float f;
+    std::memcpy(&f, v.data.data(), 4);
+    out = f;
+    return true;
+  }
+  uint16_t h;
+  std::memcpy(&h, v.data.data(), 2);
+  if (v.dtype == engine::DType::kBFloat16) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    out = f;
+    return true;
+  }
+  if (v.dtype != engine::DType::kFloat16) return false;
+  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exp == 31) return false;  // inf/NaN: no eps
+  out = sign * (exp == 0 ? std::ldexp(mant, -24) : std::ldexp(mant | 0x400, exp - 25));
+  return true;
+}
+
+// The other operand of a two-input node one of whose inputs is `v`; -1 if neither is.
+int other_operand(const ir::Node& n, int v) {
+  if (n.inputs.size() != 2) return -1;
+  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : -1;
+}
+
+}  // namespace
+
+bool stored_before(PlanContext& ctx, int v) {
+  // An elementwise value is kept in registers only when fusion put all its
+  // readers in the kernel computing it; a value with one reader, which is
+  // elementwise, may be such. Anything else is in memory: graph inputs and
+  // constants, step and view results, graph outputs, and values with
+  // several readers (the caller's reader, a cast, holds one input only, so
+  // its kernel cannot also hold the others).
+  const int producer = ctx.graph().value(v).producer;
+  if (producer < 0 || ctx.is_output(v) || ctx.consumers(v).size() != 1) return true;
+  const OpDef* def = find_op(node_at(ctx, producer).op);
+  if (def == nullptr || def->role != OpRole::kElementwise) return true;
+  const OpDef* reader = find_op(node_at(ctx, ctx.consumers(v)[0]).op);
+  return reader == nullptr || reader->role != OpRole::kElementwise;
+}
+
+bool plan_rms_norm(PlanContext& ctx, int mean_node) {
+  const ir::Graph& g = ctx.graph();
+  const ir::Node& m = node_at(ctx, mean_node);
+  if (m.op != "aten.mean.dim" || m.inputs.size() != 1 || m.int_attr("keepdim", 0) == 0 || !m.has_attr("dim"))
+    return false;
+  const int sq = m.inputs[0];
+  const int p = g.value(sq).producer;
+  if (p < 0 || ctx.consumers(sq).size() != 1 || ctx.is_output(sq)) return false;
+  const ir::Node& pn = node_at(ctx, p);
+  int a = -1;
+  if (pn.op == "aten.pow.Tensor_Scalar" && pn.inputs.size() == 1 && pn.float_attr("exponent", 0.0) == 2.0)
+    a = pn.inputs[0];
+  else if (pn.op == "aten.mul.Tensor" && pn.inputs.size() == 2 && pn.inputs[0] == pn.inputs[1])
+    a = pn.inputs[0];
+  if (a < 0) return false;
+  const ir::Value& av = g.value(a);
+  const int64_t rank = static_cast<int64_t>(av.shape.size());
+  const std::vector<int64_t> dims = m.ints_attr("dim");
+  if (rank < 1 || dims.size() != 1 || (dims[0] != -1 && dims[0] != rank - 1) || !is_float(av.dtype)) return false;
+  const int64_t D = av.shape.back();
+  if (D < 1 || av.numel() == 0) return false;
+  // add(eps) -> rsqrt -> mul(a, r)
+  const int add = ctx.sole_consumer(m.outputs[0]);
+  if (add < 0) return false;
+  const ir::Node& an = node_at(ctx, add);
+  double eps = 0.0;
+  if (an.op == "aten.add.Scalar" && an.inputs.size() == 1 && an.float_attr("alpha", 1.0) == 1.0) {
+    eps = an.float_attr("other", -1.0);
+  } else if (an.op == "aten.add.Tensor" && an.float_attr("alpha", 1.0) == 1.0) {
+    const int e = other_operand(an, m.outputs[0]);
+    if (e < 0 || !constant_scalar(g.value(e), eps)) return false;
+  } else {
+    return false;
+  }
+  if (!(eps >= 0.0)) return false;
+  const int rs = ctx.sole_consumer(an.outputs[0]);
+  if (rs < 0 || node_at(ctx, rs).op != "aten.rsqrt.default") return false;
+  const int mul = ctx.sole_consumer(node_at(ctx, rs).outputs[0]);
+  if (mul < 0 || node_at(ctx, mul).op != "aten.mul.Tensor" ||
+      other_operand(node_at(ctx, mul), node_at(ctx, rs).outputs[0]) != a)
+    return false;
+  std::vector<int> absorbed = {add, rs, mul};
+  int y = node_at(ctx, mul).outputs[0];
+  if (g.value(y).shape != av.shape) return false;
+  // [cast] -> [mul(weight) -> [cast]] (HF Llama casts before the weight,
+  // nn.RMSNorm in float16 after it)
+  int next = ctx.sole_consumer(y);
+  auto take_cast = [&] {
+    if (next >= 0 && is_cast(node_at(ctx, next).op) && is_float(g.value(node_at(ctx, next).outputs[0]).dtype)) {
+      absorbed.push_back(next);
+      y = node_at(ctx, next).outputs[0];
+      next = ctx.sole_consumer(y);
+    }
+  };
+  take_cast();
+  int weight = -1;
+  if (next >= 0 && node_at(ctx, next).op == "aten.mul.Tensor") {
+    const int w = other_operand(node_at(ctx, next), y);
+    const ir::Value* wv = w >= 0 ? &g.value(w) : nullptr;
+    if (wv != nullptr && w != y && is_float(wv->dtype) && !wv->shape.empty() && wv->numel() == D &&
+        wv->shape.back() == D &&
+        g.value(node_at(ctx, next).outputs[0]).shape == av.shape) {
+      weight = w;
+      absorbed.push_back(next);
+      y = node_at(ctx, next).outputs[0];
+      next = ctx.sole_consumer(y);
+      take_cast();
+    }
+  }
+  // Read x itself where `a` is a widening (or same-dtype) cast of it read by
+  // nothing else than the pattern, and x is in memory.
+  int x = a;
+  if (av.producer >= 0) {
+    const ir::Node& cn = node_at(ctx, av.producer);
+    const std::vector<int>& ac = ctx.consumers(a);
+    const bool only_pattern = !ctx.is_output(a) && ac.size() == 2 &&
+                              std::find(ac.begin(), ac.end(), p) != ac.end() &&
+                              std::find(ac.begin(), ac.end(), mul) != ac.end();
+    if (is_cast(cn.op) && cn.inputs.size() == 1 && only_pattern && is_float(g.value(cn.inputs[0]).dtype) &&
+        (av.dtype == engine::DType::kFloat32 || av.dtype == g.value(cn.inputs[0]).dtype) &&
+        stored_before(ctx, cn.inputs[0]))
+      x = cn.inputs[0];
+  }
+  NormPlan plan;
+  plan.input = x;
+  plan.out = y;
+  plan.weight = weight;
+  plan.eps = eps;
+  const int64_t rows = av.numel() / D;
+  if (rows > 1) {
+    plan.row_shape = {rows};
+    plan.data_coef = {D};
+    plan.param_coef = {0};
+  }
+  plan.elem_shape = {D};
+  plan.data_coef.push_back(1);
+  plan.param_coef.push_back(1);
+  for (int n : absorbed) ctx.absorb(n);
+  RmsNormPlan step;
+  step.norm = plan;
+  ctx.emit(PlannedOp("rms_norm", std::move(step)));
+  return true;
 }
 
 namespace {

@@ -38,4 +38,32 @@ std::string check_norm(const OpQuery& query);
 // attributes and shapes disagree.
 NormPlan plan_norm(const ir::Graph& graph, const ir::Node& node);
 
+// RMS normalization over the last dim, the row kernel of NormPlan with the
+// mean held at 0: out = x * rsqrt(mean(x^2) + eps) * weight (`norm.bias`
+// unused).
+struct RmsNormPlan : StepPlanBase<RmsNormPlan> {
+  NormPlan norm;
+
+  std::vector<int> reads() const override { return norm.reads(); }
+  int writes() const override { return norm.out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// At a mean.dim node: recognizes the RMSNorm torch.export writes out (HF
+// Llama's LlamaRMSNorm, nn.RMSNorm):
+//   [a = cast(x)]  sq = pow(a, 2) | mul(a, a)  m = mean(sq, -1, keepdim)
+//   r = rsqrt(add(m, eps))  y = mul(a, r) | mul(r, a)  [y = cast(y)]
+//   [y = mul(weight, y) | mul(y, weight)]
+// every intermediate read only by the next. Emits one RmsNormPlan step
+// (absorbing add..mul; the pow and the leading cast are left unread and
+// dropped by fusion) and returns true; false, planning nothing, when the
+// chain does not match.
+bool plan_rms_norm(PlanContext& ctx, int mean_node);
+
+// Whether value `v`, read by a cast the caller is about to bypass, was
+// written to memory by an earlier step (fusion keeps an elementwise value
+// whose only reader is elementwise inside that reader's kernel), so a later
+// step may read it instead of the cast's result.
+bool stored_before(PlanContext& ctx, int v);
+
 }  // namespace kiln::ops

@@ -51,6 +51,10 @@ const std::vector<PointwiseOp>& pointwise_ops() {
       {"aten.sin.default", 1}, {"aten.cos.default", 1}, {"aten.floor.default", 1}, {"aten.ceil.default", 1},
       {"aten.round.default", 1}, {"aten.trunc.default", 1}, {"aten.sign.default", 1},
       {"aten.square.default", 1}, {"aten.log2.default", 1}, {"aten.exp2.default", 1},
+      {"aten.fmod.Scalar", 1}, {"aten.fmod.Tensor", 2},
+      // A constant of the input's shape (safe softmax's zeros): the input's
+      // value is not used.
+      {"aten.full_like.default", 1},
       // Comparisons and selection: bool values are 1.0f / 0.0f inside a kernel
       // and one byte in memory.
       {"aten.eq.Tensor", 2}, {"aten.ne.Tensor", 2}, {"aten.lt.Tensor", 2}, {"aten.le.Tensor", 2},
@@ -90,7 +94,7 @@ std::string check_pointwise_attrs(const std::string& op, const std::map<std::str
     }
   }
   for (const char* key : {"alpha", "other", "min", "max", "min_val", "max_val", "beta", "threshold",
-                          "negative_slope", "scale", "input_scale", "exponent", "value", "s"})
+                          "negative_slope", "scale", "input_scale", "exponent", "value", "s", "fill_value"})
     scalar_attr(attrs, key, 0.0, &ok);
   if (!ok) return "scalar arguments (alpha/other/min/max/exponent/...) must be numbers";
   if (op == "aten.round.default" && attrs.count("decimals")) return "round with decimals is not supported";
@@ -173,6 +177,10 @@ std::string pointwise_expression(const ir::Node& node, const std::vector<std::st
     return "powf(" + x[0] + ", " + attr("exponent", 1.0) + ")";
   }
   if (op == "aten.pow.Tensor_Tensor") return "powf(" + x[0] + ", " + x[1] + ")";
+  // C fmod: the remainder has the dividend's sign, as torch.fmod.
+  if (op == "aten.fmod.Scalar") return "fmodf(" + x[0] + ", " + attr("other", 1.0) + ")";
+  if (op == "aten.fmod.Tensor") return "fmodf(" + x[0] + ", " + x[1] + ")";
+  if (op == "aten.full_like.default") return attr("fill_value", 0.0);
   static const std::map<std::string, const char*> kCompare = {
       {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
   const std::string base = op.substr(5, op.find('.', 5) - 5);  // "aten.lt.Scalar" -> "lt"

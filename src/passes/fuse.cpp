@@ -193,6 +193,20 @@ ExecPlan Fuser::run() {
   graph_.set_outputs(outputs);
 
 
+  // Steps whose result nothing reads are dropped (e.g. the x^2 kernel of
+  // an RMSNorm its row step replaced), last to first so their inputs' steps
+  // can follow them.
+  std::vector<bool> needed(graph_.values().size(), false);
+  for (int id : graph_.outputs()) needed[static_cast<size_t>(plan_.storage_of(id))] = true;
+  for (size_t i = plan_.ops.size(); i-- > 0;) {
+    if (dead_[i]) continue;
+    if (!needed[static_cast<size_t>(plan_.storage_of(plan_.ops[i].writes()))]) {
+      dead_[i] = true;
+      continue;
+    }
+    for (int r : plan_.ops[i].reads()) needed[static_cast<size_t>(plan_.storage_of(r))] = true;
+  }
+
   ExecPlan live;
   live.alias_of = plan_.alias_of;
   for (size_t i = 0; i < plan_.ops.size(); ++i)

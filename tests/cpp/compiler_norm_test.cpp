@@ -150,6 +150,8 @@ struct Case {
       reference;
   float offset = 0.0f;  // added to every input value (a large mean tests stability)
   double tolerance = 0.0;  // 0: from the output dtype
+  int64_t threads_per_row = 0;  // 0: the lowering's choice
+  int64_t expect_vector = 0;    // the vector width the kernel must use (0: any)
 };
 
 std::vector<double> param_values(const ir::Graph& g, int v) {
@@ -316,7 +318,7 @@ class NormKernel : public ::testing::Test {
     const ops::NormPlan* p = plan_of(g, plan, &label);
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(label, expect_label);
-    ops::NormKernel gen = ops::generate_norm_kernel(g, *p, "kiln_norm_test");
+    ops::NormKernel gen = ops::generate_norm_kernel(g, *p, "kiln_norm_test", c.threads_per_row);
     std::string src = testing::host_prelude() + gen.source +
                       "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block, int high_first) {\n"
                       "  kiln_shim_launch_blocks(&kiln_norm_test, args, grid, block,\n"
@@ -344,11 +346,22 @@ class NormKernel : public ::testing::Test {
                        : ov.dtype == DType::kFloat16 ? 1.0 / 1024
                                                       : 1.0 / 128;
 
-    auto run = [&](unsigned grid, bool high_first, const std::string& what) {
+    // Buffers 64-byte aligned, x and out then moved by `misalign` elements
+    // (a vector kernel's scalar path); guard bytes around the output.
+    auto run = [&](unsigned grid, bool high_first, size_t misalign, const std::string& what) {
       SCOPED_TRACE(what);
       constexpr size_t kGuard = 64;
-      std::vector<uint8_t> out(ov.nbytes() + 2 * kGuard, 0xA5), xin = x_bytes;
-      std::vector<void*> ptrs = {out.data() + kGuard, xin.data()};
+      const size_t out_shift = misalign * engine::dtype_size(ov.dtype);
+      const size_t in_shift = misalign * engine::dtype_size(xv.dtype);
+      std::vector<uint8_t> out_buf(ov.nbytes() + 2 * kGuard + 128, 0xA5), in_buf(x_bytes.size() + 128);
+      auto aligned = [](std::vector<uint8_t>& b, size_t at) {
+        return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(b.data()) + at + 63) / 64 * 64);
+      };
+      uint8_t* out = aligned(out_buf, kGuard) + out_shift;
+      uint8_t* xin = aligned(in_buf, 0) + in_shift;
+      std::memcpy(xin, x_bytes.data(), x_bytes.size());
+      std::memset(out - kGuard, 0xA5, ov.nbytes() + 2 * kGuard);
+      std::vector<void*> ptrs = {out, xin};
       for (int v : {p->weight, p->bias})
         if (v >= 0) {
           ASSERT_TRUE(g.value(v).is_constant) << g.value(v).name;
@@ -360,10 +373,10 @@ class NormKernel : public ::testing::Test {
       args.push_back(&n);
       launch(args.data(), grid, gen.launch.block, high_first ? 1 : 0);
       for (size_t i = 0; i < kGuard; ++i) {
-        ASSERT_EQ(out[i], 0xA5) << "wrote before the output";
-        ASSERT_EQ(out[out.size() - 1 - i], 0xA5) << "wrote past the output";
+        ASSERT_EQ(out[i - kGuard], 0xA5) << "wrote before the output";
+        ASSERT_EQ(out[ov.nbytes() + i], 0xA5) << "wrote past the output";
       }
-      std::vector<uint8_t> got(out.begin() + kGuard, out.end() - kGuard);
+      std::vector<uint8_t> got(out, out + ov.nbytes());
       size_t bad = 0;
       for (size_t o = 0; o < ref.size(); ++o) {
         const double y = read_elem(ov.dtype, got, o);
@@ -372,8 +385,10 @@ class NormKernel : public ::testing::Test {
       }
       EXPECT_EQ(bad, 0u);
     };
-    run(gen.launch.grid, false, "the lowering's grid");
-    run(gen.launch.grid + 2, true, "extra blocks past the last row do nothing; the last warp first");
+    run(gen.launch.grid, false, 0, "the lowering's grid");
+    run(gen.launch.grid + 2, true, 0, "extra blocks past the last row do nothing; the last warp first");
+    if (gen.launch.vector > 1) run(gen.launch.grid, false, 1, "x and out misaligned: the scalar path");
+    if (c.expect_vector) EXPECT_EQ(gen.launch.vector, c.expect_vector);
     dlclose(lib);
   }
 
@@ -385,20 +400,25 @@ TEST_F(NormKernel, LayerNormMatchesDefinition) {
   // warp rows (4 a block), block rows (128 threads), two trailing dims (a
   // ragged last pass), no affine, bias only, a 1024-thread row.
   check(layer_norm_case("ln_c96", {3, 5, 96}, 1, true, true, DType::kFloat32, rng_), "layer_norm");
-  check(layer_norm_case("ln_768_plain", {2, 3, 768}, 1, false, false, DType::kFloat32, rng_), "layer_norm");
+  Case plain = layer_norm_case("ln_768_plain", {2, 3, 768}, 1, false, false, DType::kFloat32, rng_);
+  plain.expect_vector = 4;
+  check(plain, "layer_norm");
   check(layer_norm_case("ln_two_dims", {2, 5, 40}, 2, true, true, DType::kFloat32, rng_), "layer_norm");
+  Case odd = layer_norm_case("ln_odd", {3, 77}, 1, true, true, DType::kFloat32, rng_);
+  odd.expect_vector = 1;
+  check(odd, "layer_norm");
   check(layer_norm_case("ln_bias_only", {4, 72}, 1, false, true, DType::kFloat32, rng_, 1e-3), "layer_norm");
   check(layer_norm_case("ln_weight_only", {3, 1000}, 1, true, false, DType::kFloat32, rng_), "layer_norm");
   check(layer_norm_case("ln_wide", {2, 9000}, 1, true, true, DType::kFloat32, rng_), "layer_norm");
 }
 
 TEST_F(NormKernel, LongRowsStreamWithWelford) {
-  Case c = layer_norm_case("ln_stream", {2, 20000}, 1, true, true, DType::kFloat32, rng_);
-  EXPECT_FALSE(ops::norm_launch(2, 20000).cached);
+  Case c = layer_norm_case("ln_stream", {2, 40000}, 1, true, true, DType::kFloat32, rng_);
+  EXPECT_FALSE(ops::norm_launch(2, 40000, 0, 4).cached);
   check(c, "layer_norm");
   // A mean far from zero: a one-pass sum of squares in float would lose the
   // variance; Welford (streaming) and the two-pass form (cached) keep it.
-  Case shifted = layer_norm_case("ln_stream_shifted", {2, 20000}, 1, false, false, DType::kFloat32, rng_);
+  Case shifted = layer_norm_case("ln_stream_shifted", {2, 40000}, 1, false, false, DType::kFloat32, rng_);
   shifted.offset = 1000.0f;
   shifted.tolerance = 2e-3;
   check(shifted, "layer_norm");
@@ -408,14 +428,31 @@ TEST_F(NormKernel, LongRowsStreamWithWelford) {
   check(cached, "layer_norm");
 }
 
+TEST_F(NormKernel, WarpBlockAndStreamingFormsAgree) {
+  // One row shape through every form: a warp a row (values in registers or,
+  // past 32 a thread, streamed), and blocks of 64..1024 threads a row.
+  for (int64_t tpr : {32, 64, 256, 1024}) {
+    Case c = layer_norm_case("ln_tpr" + std::to_string(tpr), {3, 7, 150}, 1, true, true, DType::kFloat32, rng_);
+    c.threads_per_row = tpr;
+    check(c, "layer_norm");
+  }
+  Case stream = layer_norm_case("ln_warp_stream", {5, 1500}, 1, true, true, DType::kFloat32, rng_);
+  stream.threads_per_row = 32;
+  EXPECT_FALSE(ops::norm_launch(5, 1500, 32).cached);
+  check(stream, "layer_norm");
+  Case group = group_norm_case("gn_tpr64", {2, 16, 9, 9}, 4, true, DType::kFloat16, rng_);
+  group.threads_per_row = 64;
+  check(group, "group_norm");
+}
+
 TEST_F(NormKernel, GroupNormMatchesDefinition) {
   check(group_norm_case("gn_4_groups", {2, 16, 12, 12}, 4, true, DType::kFloat32, rng_), "group_norm");
   check(group_norm_case("gn_plain", {3, 6, 5, 7}, 3, false, DType::kFloat32, rng_), "group_norm");
   check(group_norm_case("gn_3d", {2, 8, 50}, 2, true, DType::kFloat32, rng_), "group_norm");
   // 32 groups of 2 channels over 40x40 maps (a 1024-thread block a row), and
-  // of 8 channels over 48x48 (streaming).
+  // 4 groups of 16 channels over 48x48 (streaming).
   check(group_norm_case("gn_32_groups", {1, 64, 40, 40}, 32, true, DType::kFloat32, rng_), "group_norm");
-  check(group_norm_case("gn_stream", {1, 64, 48, 48}, 8, true, DType::kFloat32, rng_), "group_norm");
+  check(group_norm_case("gn_stream", {1, 64, 48, 48}, 4, true, DType::kFloat32, rng_), "group_norm");
 }
 
 TEST_F(NormKernel, InstanceNormMatchesDefinition) {
@@ -430,7 +467,9 @@ TEST_F(NormKernel, ChannelsLastFormsMatchDefinition) {
 }
 
 TEST_F(NormKernel, HalfAndBFloat16MatchDefinition) {
-  check(layer_norm_case("ln_f16", {4, 768}, 1, true, true, DType::kFloat16, rng_), "layer_norm");
+  Case f16 = layer_norm_case("ln_f16", {4, 768}, 1, true, true, DType::kFloat16, rng_);
+  f16.expect_vector = 8;
+  check(f16, "layer_norm");
   check(layer_norm_case("ln_bf16", {5, 96}, 1, true, true, DType::kBFloat16, rng_), "layer_norm");
   check(group_norm_case("gn_f16", {2, 16, 12, 12}, 4, true, DType::kFloat16, rng_), "group_norm");
   check(instance_norm_case("in_bf16", {2, 8, 10, 10}, true, DType::kBFloat16, rng_), "batch_norm_stats");
@@ -440,29 +479,37 @@ TEST_F(NormKernel, HalfAndBFloat16MatchDefinition) {
 // ---- launch shapes and planning ------------------------------------------------
 
 TEST(NormLaunch, ShapesForTransformerRowsAndGroupNormMaps) {
-  // [b, seq, 768] layer norm: one 128-thread block a row, 6 values a thread in registers.
-  ops::NormLaunch ln = ops::norm_launch(8 * 197, 768);
+  // [b, seq, 768] float32 layer norm: one 128-thread block a row, two
+  // 4-float vectors a thread in registers.
+  ops::NormLaunch ln = ops::norm_launch(8 * 197, 768, 0, 4);
   EXPECT_EQ(ln.threads_per_row, 128);
   EXPECT_EQ(ln.rows_per_block, 1);
   EXPECT_TRUE(ln.cached);
-  EXPECT_EQ(ln.per_thread, 6);
+  EXPECT_EQ(ln.vector, 4);
+  EXPECT_EQ(ln.per_thread, 8);
   EXPECT_EQ(ln.grid, 8u * 197u);
   EXPECT_EQ(ln.block, 128u);
   // ConvNeXt's 96 channels: a warp a row, 4 rows a block.
-  ops::NormLaunch cnx = ops::norm_launch(56 * 56, 96);
+  ops::NormLaunch cnx = ops::norm_launch(56 * 56, 96, 0, 4);
   EXPECT_EQ(cnx.threads_per_row, 32);
   EXPECT_EQ(cnx.rows_per_block, 4);
   EXPECT_EQ(cnx.grid, 56u * 56u / 4u);
   EXPECT_EQ(cnx.block, 128u);
   // [1, 32 groups] over 56x56 maps: one 1024-thread block a group, in
-  // registers for 2 channels a group, streaming for 8.
-  ops::NormLaunch gn2 = ops::norm_launch(32, 2 * 56 * 56);
+  // registers up to 8 channels a group (25088 elements), streaming for 16.
+  ops::NormLaunch gn2 = ops::norm_launch(32, 2 * 56 * 56, 0, 4);
   EXPECT_EQ(gn2.block, 1024u);
   EXPECT_EQ(gn2.grid, 32u);
   EXPECT_TRUE(gn2.cached);
-  ops::NormLaunch gn8 = ops::norm_launch(32, 8 * 56 * 56);
+  ops::NormLaunch gn8 = ops::norm_launch(32, 8 * 56 * 56, 0, 4);
   EXPECT_EQ(gn8.block, 1024u);
-  EXPECT_FALSE(gn8.cached);
+  EXPECT_TRUE(gn8.cached);
+  ops::NormLaunch gn16 = ops::norm_launch(32, 16 * 56 * 56, 0, 4);
+  EXPECT_EQ(gn16.block, 1024u);
+  EXPECT_FALSE(gn16.cached);
+  EXPECT_EQ(gn16.vector, 1);
+  // No vector when the row does not divide into them.
+  EXPECT_EQ(ops::norm_launch(4, 30, 0, 4).vector, 1);
 }
 
 // x -> conv -> (to NHWC, layer norm over c, to NCHW) -> conv, ConvNeXt's

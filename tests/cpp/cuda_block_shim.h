@@ -23,6 +23,13 @@
 #define __shared__ static
 
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+struct alignas(8) uint2 { unsigned int x, y; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
 
 namespace kiln_shim {
 

@@ -106,6 +106,13 @@ class Norms(torch.nn.Module):
         return self.ln(y), self.ln(pooled)
 
 
+class Rows(torch.nn.Module):
+    def forward(self, x, y):
+        s = torch.softmax(x, -1) + torch.log_softmax(x, 0) + torch.fmod(x, 1.5) + torch.fmod(x, y.abs() + 1.0)
+        flag = torch.any(x > 1.0, -1, keepdim=True)
+        return torch.where(flag, torch.full_like(s, 0.5), s)
+
+
 def _examples():
     torch.manual_seed(0)
     return {
@@ -115,6 +122,7 @@ def _examples():
         "vision": (Vision().eval(), (torch.randn(1, 3, 8, 8),)),
         "resample": (Resample(), (torch.randn(1, 2, 4, 5), torch.randn(1, 2, 3, 4, 5))),
         "norms": (Norms().eval(), (torch.randn(2, 4, 8, 8), torch.randn(2, 3, 3, 8))),
+        "rows": (Rows(), (torch.randn(4, 8), torch.randn(4, 8))),
     } | {
         name: (factory(), tuple(torch.randn(shape) for shape in conformance_elementwise.CASES[name]))
         for name, factory in conformance_elementwise.FACTORIES.items()
