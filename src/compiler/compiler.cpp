@@ -43,7 +43,10 @@ class Lowering final : public ops::LowerContext {
         if (options.emit_ptx) msg << " + PTX";
         options.progress(msg.str());
       }
-      desc_.modules.push_back(codegen::compile_module("kiln_kernels", source_, options.target_sms, options.emit_ptx));
+      // The SMs compile in parallel; a module compiled before in this process
+      // (a re-proposed trial, a re-lowering) comes from NVRTC's cache.
+      desc_.modules.push_back(
+          codegen::compile_module("kiln_kernels", source_, options.target_sms, options.emit_ptx, options.progress));
     }
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
