@@ -118,3 +118,56 @@ TEST(NvrtcCompiler, ProgressRunsOnTheCallingThreadAndMayThrow) {
 
 }  // namespace
 }  // namespace kiln::codegen
+
+// Kernels that differ only in their name and comments are compiled once: the
+// later steps launch the first one (same code); any other difference keeps
+// them apart.
+#include "compiler/compiler.h"
+
+namespace kiln {
+namespace {
+
+TEST(KernelDedup, IdenticalKernelsShareOneFunction) {
+  using engine::DType;
+  ir::Graph g;
+  std::vector<int> outs;
+  // Two sigmoids (identical kernels apart from the node names in comments;
+  // contiguous elementwise kernels take the element count as an argument, so
+  // the shapes may differ) and a relu (another kernel).
+  const std::vector<std::vector<int64_t>> shapes = {{4, 6}, {4, 7}, {4, 6}};
+  const char* ops[] = {"aten.sigmoid.default", "aten.sigmoid.default", "aten.relu.default"};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    int x = g.add_input("x" + std::to_string(i), DType::kFloat32, shapes[i]);
+    int s = g.add_node(ops[i], "op_" + std::to_string(i), {x}, {}, {{DType::kFloat32, shapes[i]}});
+    outs.push_back(g.nodes()[s].outputs[0]);
+  }
+  g.set_outputs(outs);
+  std::vector<std::string> progress;
+  compiler::CompileOptions options;
+  options.progress = [&](const std::string& m) { progress.push_back(m); };
+  engine::EngineDesc d = compiler::compile_to_desc(g, options);
+
+  std::vector<std::string> functions;
+  for (const auto& s : d.steps)
+    if (s.kind == engine::StepKind::kKernel) functions.push_back(s.kernel.function);
+  ASSERT_EQ(functions.size(), 3u);
+  EXPECT_EQ(functions[0], functions[1]);
+  EXPECT_NE(functions[0], functions[2]);
+  ASSERT_EQ(d.modules.size(), 1u);
+  const std::string& src = d.modules[0].source;
+  size_t kernels = 0;
+  for (size_t at = src.find("__global__"); at != std::string::npos; at = src.find("__global__", at + 1)) ++kernels;
+  EXPECT_EQ(kernels, 2u);
+  for (const std::string& f : functions) {
+    EXPECT_NE(src.find(f + "("), std::string::npos) << f;
+    EXPECT_NE(d.modules[0].ptx.find(".entry " + f), std::string::npos) << f;
+  }
+  bool said = false;
+  for (const std::string& m : progress) said |= m.find("3 fused kernels (2 distinct)") != std::string::npos;
+  EXPECT_TRUE(said);
+  // Steps keep their own tensors: only the function is shared.
+  EXPECT_NE(d.steps[0].kernel.args[0].tensor, d.steps[1].kernel.args[0].tensor);
+}
+
+}  // namespace
+}  // namespace kiln
