@@ -123,3 +123,31 @@ def test_long_partitions_report_their_compile_time(monkeypatch, capsys):
     lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("kiln: compiled partition")]
     assert [l.split(" in ")[0] for l in lines] == ["kiln: compiled partition 1/2", "kiln: compiled partition 2/2"]
     assert all(l.endswith(" s") for l in lines)
+
+
+def _sweep():
+    pytest.importorskip("torchvision")
+    sys.path.insert(0, str(ROOT / "tools" / "coverage"))
+    import coverage_sweep
+
+    return coverage_sweep
+
+
+def test_sweep_redo_replaces_records_and_keeps_the_notes(tmp_path):
+    """--redo exports a model again in place of its record (with CPU seconds);
+    the doc's hand-written "## Notes" section survives the rewrite."""
+    sweep = _sweep()
+    stale = {"model": "squeezenet1_1", "kind": "classification", "dtype": "float16", "status": "timeout",
+             "reason": "stale"}
+    other = {"model": "alexnet", "kind": "classification", "dtype": "float16", "status": "skipped", "reason": "kept"}
+    json_path, doc = tmp_path / "coverage.json", tmp_path / "coverage.md"
+    json_path.write_text(__import__("json").dumps([stale, other]))
+    doc.write_text("# old\n\n## Per model\n\n| x |\n\n## Notes\n\nExport times: measured by hand.\n| a | b |\n")
+    sweep.main(["--models", "squeezenet1_1", "--dtypes", "float16", "--json", str(json_path), "--doc", str(doc),
+                "--gpu-results", "--redo"])
+    records = __import__("json").loads(json_path.read_text())
+    assert [(r["model"], r["status"]) for r in records] == [("squeezenet1_1", "pass"), ("alexnet", "skipped")]
+    assert records[0]["export_cpu_s"] > 0 and records[0]["export_s"] > 0
+    text = doc.read_text()
+    assert text.endswith("## Notes\n\nExport times: measured by hand.\n| a | b |\n")
+    assert text.count("## Notes") == 1 and "| squeezenet1_1 |" in text
