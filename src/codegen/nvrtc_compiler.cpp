@@ -74,7 +74,7 @@ using ArtifactPtr = std::shared_ptr<const Artifact>;
 // sources never share an entry. Bounded by size, oldest dropped first.
 class Cache {
  public:
-  static constexpr uint64_t kMaxBytes = uint64_t(1) << 30;
+  static constexpr uint64_t kMaxBytes = uint64_t(256) << 20;  // a few large models
 
   ArtifactPtr find(const std::string& key) {
     std::lock_guard<std::mutex> lock(mutex_);
