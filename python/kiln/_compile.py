@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -211,6 +212,31 @@ def _device_io_requested(backend_config: ExecutorchBackendConfig | None) -> bool
                                            or getattr(propagate, "skip_d2h_for_method_outputs", False)))
 
 
+def _kiln_lowered_modules(manager: EdgeProgramManager) -> list:
+    modules = []
+    for method in manager.methods:
+        for module in manager.exported_program(method).graph_module.modules():
+            if type(module).__name__ == "LoweredBackendModule" and module.backend_id == "KilnBackend":
+                modules.append(module)
+    return modules
+
+
+def _retag_target_device(manager: EdgeProgramManager, options: KilnOptions, target_device: str) -> bool:
+    """Gives `manager`'s Kiln delegates the compile specs a lowering with
+    `target_device` would have given them (the engine bytes do not depend on
+    it: it only tells ExecuTorch where a delegate's inputs and outputs live).
+    False, changing nothing, when a delegate's specs are not the ones
+    `options` made (then the caller lowers again)."""
+    old = [(s.key, bytes(s.value)) for s in options.to_compile_specs()]
+    modules = _kiln_lowered_modules(manager)
+    if any([(s.key, bytes(s.value)) for s in m.compile_specs] != old for m in modules):
+        return False
+    new_specs = replace(options, target_device=target_device).to_compile_specs()
+    for module in modules:
+        module._compile_specs = list(new_specs)
+    return True
+
+
 def save(
     compiled: CompiledProgram,
     path: str | os.PathLike,
@@ -229,7 +255,9 @@ def save(
 
     ``use_cuda_graphs`` (when not None and different from what was given to
     ``kiln.compile``) re-lowers the program, because the choice is baked into
-    each engine's metadata at compile time.
+    each engine's metadata at compile time. Device-resident I/O alone does
+    not: the engines are the same, only the delegates' ``target_device``
+    compile spec changes (for this save; ``compiled`` is left as it was).
     """
     if not isinstance(compiled, CompiledProgram):
         raise TypeError(
@@ -260,7 +288,17 @@ def save(
     # partitioning, so a config asking for it re-lowers.
     device = _device_io_requested(backend_config)
     target_device = "cuda:0" if device else compiled.options.target_device
-    if cuda_graphs is not compiled.options.cuda_graphs_choice or target_device != compiled.options.target_device:
+    # to_executorch leaves its memory plan on the program it is given, and a
+    # second save with another config would trip over it: save a copy, so
+    # `compiled` stays as kiln.compile made it.
+    manager = copy.deepcopy(manager)
+    retagged = False
+    if cuda_graphs is compiled.options.cuda_graphs_choice and target_device != compiled.options.target_device:
+        # Only the delegates' target_device compile spec differs, and no
+        # engine depends on it: re-tag them instead of lowering again.
+        retagged = _retag_target_device(manager, compiled.options, target_device)
+    if not retagged and (cuda_graphs is not compiled.options.cuda_graphs_choice
+                         or target_device != compiled.options.target_device):
         reasons = []
         if cuda_graphs is not compiled.options.cuda_graphs_choice:
             reasons.append(f"use_cuda_graphs={use_cuda_graphs} (compile() had {compiled.options.cuda_graphs_choice}; "

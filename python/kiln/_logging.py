@@ -30,6 +30,7 @@ class LoweringProgress:
         self._summary = None  # a PartitionSummary while a lowering is running
         self._started = 0
         self._engine_bytes: list[int] = []
+        self._current = ""  # "i/N" of the partition being compiled
 
     def start(self, summary) -> None:
         self._summary, self._started, self._engine_bytes = summary, 0, []
@@ -41,12 +42,19 @@ class LoweringProgress:
         if compiled_earlier:
             return
         of = f"/{self._summary.partitions}" if self._summary is not None else ""
+        self._current = f"{self._started}{of}"
         announce(f"kiln: compiling partition {self._started}{of}: {nodes} node{'' if nodes == 1 else 's'}")
 
-    @staticmethod
-    def trial(index: int, total: int, nodes: int) -> None:
+    def trial(self, index: int, total: int, nodes: int) -> None:
         """The partitioner compiles partition `index` (1-based) of `total`."""
+        self._current = f"{index}/{total}"
         announce(f"kiln: compiling partition {index}/{total}: {nodes} node{'' if nodes == 1 else 's'}")
+
+    def compiled(self, seconds: float, slow_s: float) -> None:
+        """The partition announced last compiled in `seconds`; said only when
+        that took `slow_s` or more (so at most a line every few seconds)."""
+        if seconds >= slow_s:
+            announce(f"kiln: compiled partition {self._current} in {seconds:.1f} s")
 
     def engine(self, size: int) -> None:
         self._engine_bytes.append(size)

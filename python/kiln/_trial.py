@@ -35,6 +35,7 @@ import copy
 import logging
 import os
 import re
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Optional
 
@@ -128,10 +129,18 @@ def check_injected(node_ops: Iterable[tuple[str, str]]) -> None:
 # ---- compiling one partition program ------------------------------------------
 
 
+# A compile that takes this long gets a "compiled partition i/N in X s" line
+# (when it is an announced one: not the bisection's prefixes).
+SLOW_COMPILE_S = 3.0
+
+
 def compile_graph(built, options, progress: Optional[Callable[[str], None]] = None) -> bytes:
     """Compiles a graph_builder.BuiltGraph with `options`; every compile of
     the front end goes through here."""
+    from ._logging import progress as lowering_progress
+
     check_injected(built.node_ops)
+    start = time.perf_counter()
     engine = native().compile(
         built.graph,
         target_sms=list(options.target_sms),
@@ -143,6 +152,8 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
         depthwise_kernels=options.depthwise_kernels,
         debug_dir=_compile_debug_dir(options.debug_dir),
     )
+    if progress is not None:
+        lowering_progress.compiled(time.perf_counter() - start, SLOW_COMPILE_S)
     return bytes(engine)
 
 

@@ -33,17 +33,26 @@ class Lowering final : public ops::LowerContext {
       engine::Step step;
       step.label = op.label;
       op.plan->lower(*this, step);
+      if (step.kind == engine::StepKind::kKernel) {
+        auto alias = same_as_.find(step.kernel.function);
+        if (alias != same_as_.end()) step.kernel.function = alias->second;
+      }
       desc_.steps.push_back(std::move(step));
     }
     if (kernels_ > 0) {
       if (options.progress) {
         std::ostringstream msg;
-        msg << "generating " << kernels_ << " fused kernel" << (kernels_ == 1 ? "" : "s") << " with NVRTC for";
+        msg << "generating " << kernels_ << " fused kernel" << (kernels_ == 1 ? "" : "s");
+        if (distinct_ < kernels_) msg << " (" << distinct_ << " distinct)";
+        msg << " with NVRTC for";
         for (uint32_t sm : options.target_sms) msg << " sm_" << sm;
         if (options.emit_ptx) msg << " + PTX";
         options.progress(msg.str());
       }
-      desc_.modules.push_back(codegen::compile_module("kiln_kernels", source_, options.target_sms, options.emit_ptx));
+      // The SMs compile in parallel; a module compiled before in this process
+      // (a re-proposed trial, a re-lowering) comes from NVRTC's cache.
+      desc_.modules.push_back(
+          codegen::compile_module("kiln_kernels", source_, options.target_sms, options.emit_ptx, options.progress));
     }
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
@@ -59,8 +68,27 @@ class Lowering final : public ops::LowerContext {
   }
 
   const ir::Graph& graph() const override { return graph_; }
-  std::string kernel_name(const std::string& prefix) override { return prefix + "_" + std::to_string(kernels_++); }
-  void add_source(const std::string& source) override { source_ += "\n" + source; }
+  std::string kernel_name(const std::string& prefix) override {
+    pending_ = prefix + "_" + std::to_string(kernels_++);
+    return pending_;
+  }
+  // A kernel whose source is an earlier one's but for its name (and
+  // comments) is not added: its step launches the earlier function, the
+  // same code, and NVRTC compiles it once (densenet's hundreds of layout
+  // and concat copies are a few hundred distinct kernels).
+  void add_source(const std::string& source) override {
+    std::string name;
+    std::swap(name, pending_);
+    if (!name.empty() && source.find(name + "(") != std::string::npos) {
+      auto [it, fresh] = first_with_body_.try_emplace(normalized(source, name), name);
+      if (!fresh) {
+        same_as_[name] = it->second;
+        return;
+      }
+    }
+    ++distinct_;
+    source_ += "\n" + source;
+  }
 
  private:
   uint32_t tensor(int value) const override {
@@ -139,8 +167,30 @@ class Lowering final : public ops::LowerContext {
   const passes::ExecPlan& plan_;
   engine::EngineDesc desc_;
   std::map<int, uint32_t> index_;  // storage root value -> tensor index
+  // `source` with `name` replaced by a mark and // comments dropped: equal
+  // for two kernels that differ only in those.
+  static std::string normalized(const std::string& source, const std::string& name) {
+    std::string out;
+    out.reserve(source.size());
+    for (size_t i = 0; i < source.size();) {
+      if (source.compare(i, name.size(), name) == 0) {
+        out += '\x01';
+        i += name.size();
+      } else if (source.compare(i, 2, "//") == 0) {
+        while (i < source.size() && source[i] != '\n') ++i;
+      } else {
+        out += source[i++];
+      }
+    }
+    return out;
+  }
+
   std::string source_;             // the engine's one generated module
-  int kernels_ = 0;
+  int kernels_ = 0;                // kernel names handed out
+  int distinct_ = 0;               // kernels in source_
+  std::string pending_;            // the name kernel_name() gave last, until its source comes
+  std::map<std::string, std::string> first_with_body_;  // normalized source -> first function
+  std::map<std::string, std::string> same_as_;          // function -> earlier identical function
 };
 
 void report(const CompileOptions& options, const std::string& message) {

@@ -10,7 +10,7 @@ writes docs/coverage.md + docs/coverage.json (issue 10, section 4).
 Each (model, dtype) is exported in its own process (killed after --timeout
 seconds) and recorded in --json as soon as it finishes; a second run skips
 what the JSON already holds (so an interrupted sweep resumes; --fresh starts
-over). Models are taken in order of parameter count, every float32 export
+over; --redo exports the --models again, replacing their records). Models are taken in order of parameter count, every float32 export
 before the float16 ones. Per export it records: the ops left to ExecuTorch's
 CPU kernels (names and counts), the ops that fell back because their
 partition failed to compile (each with its reason: before issue 10 those
@@ -61,6 +61,14 @@ MARK = "COVERAGE_RESULT "
 # ---- one export (child process) ----------------------------------------------
 
 
+def _cpu_seconds() -> float:
+    """This process's user + system CPU seconds (NVRTC's threads included)."""
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
 def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, target_sms: list[int]) -> dict:
     import logging
 
@@ -90,7 +98,7 @@ def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, targ
         record["checksum"] = zoo.checksum(model)
         with torch.no_grad():
             record["outputs"] = [list(t.shape) for t in zoo.flatten_outputs(model(x))]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
         stage = "torch.export"
         exported = torch.export.export(model, (x,))
         stage = "kiln.compile"
@@ -100,6 +108,7 @@ def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, targ
         out_dir = pte_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         pte = kiln.save(compiled, out_dir / f"{name}_{SHORT[dtype_name]}.pte")
         record["export_s"] = round(time.perf_counter() - start, 2)
+        record["export_cpu_s"] = round(_cpu_seconds() - cpu_start, 2)  # the machine is shared: wall varies
         record["pte_mib"] = round(pte.stat().st_size / 2**20, 2)
         if pte_dir is None:
             pte.unlink()
@@ -169,6 +178,8 @@ def sweep(args) -> None:
     if args.models:
         wanted = set(args.models.split(","))
         models = [(n, k) for n, k in models if n in wanted]
+    if args.redo:  # export the chosen models again; their records are replaced in place
+        done -= {(n, d) for n, _ in models for d in args.dtypes.split(",")}
     cache = ROOT / "out" / "coverage" / "params.json"
     params = json.loads(cache.read_text()) if cache.exists() else {}
     for n, _ in models:
@@ -192,7 +203,11 @@ def sweep(args) -> None:
             print(f"    {record['status']}: " + (record.get("reason") or
                   f"{record.get('export_s')} s, {record.get('pte_mib')} MiB, cpu ops {record.get('cpu_ops')}"),
                   flush=True)
-            results.append(record)
+            at = next((i for i, r in enumerate(results) if (r["model"], r["dtype"]) == (name, dtype)), None)
+            if at is None:
+                results.append(record)
+            else:
+                results[at] = record
             save_results(args.json, results)
             write_doc(args.doc, results, load_gpu(args.gpu_results), planned=[(n, d) for d in dtypes for n, _ in models])
 
@@ -294,8 +309,27 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         for r in fallbacks:
             for f in r["compile_fallbacks"] + r.get("relowered", []):
                 lines.append(f"- {r['model']} {SHORT[r['dtype']]}: {f[:400]}")
+    notes = _notes_section(doc)
+    if notes:
+        lines += [""] + notes
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines) + "\n")
+
+
+def _notes_section(doc: Path) -> list[str]:
+    """The doc's hand-written "## Notes" section (to its end or the next
+    "## " heading), kept when the table is rewritten."""
+    if not doc.exists():
+        return []
+    out, inside = [], False
+    for line in doc.read_text().splitlines():
+        if line.startswith("## "):
+            inside = line.strip() == "## Notes"
+        if inside:
+            out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return out
 
 
 def _summary(results, by, gpu, planned) -> list[str]:
@@ -400,6 +434,8 @@ def main(argv=None) -> int:
                    help="gpu_coverage.py's JSON files or folders of them, merged into the table "
                         "(default docs/coverage_gpu/)")
     p.add_argument("--fresh", action="store_true", help="ignore the results already in --json")
+    p.add_argument("--redo", action="store_true",
+                   help="export --models (x --dtypes) again even if --json has them, replacing their records")
     p.add_argument("--report", action="store_true", help="only rewrite --doc from --json (+ --gpu-results)")
     p.add_argument("--pack", type=Path, help="write carry groups of the --keep-pte files here and stop")
     p.add_argument("--group-mib", type=float, default=46.0)

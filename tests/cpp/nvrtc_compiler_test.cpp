@@ -1,0 +1,173 @@
+// NVRTC compilation for export time: SMs compiled on threads give the same
+// bytes as one at a time, the PTX taken from the newest SM's compile is the
+// one a compute_XX compile gives, and the in-process cache serves repeats
+// (and never confuses two sources). Real NVRTC throughout; no GPU needed.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "codegen/nvrtc_compiler.h"
+#include "ir/graph.h"
+
+namespace kiln::codegen {
+namespace {
+
+// A few kernels with random constants, so each test compiles a source no
+// earlier test (or run) has cached.
+std::string random_source(int kernels) {
+  static std::mt19937 rng(std::random_device{}());
+  std::string source = "__device__ float kiln_sq(float x) { return x * x; }\n";
+  for (int k = 0; k < kernels; ++k) {
+    const float scale = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng);
+    source += "extern \"C\" __global__ void k" + std::to_string(k) +
+              "(float* out, const float* in, long long n) {\n"
+              "  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < n; i += gridDim.x * 256LL)\n"
+              "    out[i] = kiln_sq(in[(i / " + std::to_string(k + 2) + "LL) % 97LL]) * " +
+              std::to_string(scale) + "f;\n}\n";
+  }
+  return source;
+}
+
+void set_threads(const char* value) {
+  if (value)
+    setenv("KILN_NVRTC_THREADS", value, 1);
+  else
+    unsetenv("KILN_NVRTC_THREADS");
+}
+
+TEST(NvrtcCompiler, ThreadedEqualsSerialAndPtxEqualsComputeCompile) {
+  const std::string source = random_source(6);
+  set_threads("1");
+  engine::KernelModule serial = compile_module("m", source, {87, 90}, true);
+  clear_nvrtc_cache();  // the threaded run must compile, not hit the cache
+  set_threads("4");
+  engine::KernelModule threaded = compile_module("m", source, {87, 90}, true);
+  set_threads(nullptr);
+
+  ASSERT_EQ(threaded.cubins.size(), 2u);
+  EXPECT_EQ(threaded.cubins[0].sm, 87u);
+  EXPECT_EQ(threaded.cubins[1].sm, 90u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(threaded.cubins[i].image.empty());
+    EXPECT_EQ(threaded.cubins[i].image, serial.cubins[i].image);
+  }
+  EXPECT_NE(threaded.cubins[0].image, threaded.cubins[1].image);
+  EXPECT_EQ(threaded.ptx_sm, 90u);
+  EXPECT_EQ(threaded.ptx, serial.ptx);
+  EXPECT_NE(threaded.ptx.find(".target sm_90"), std::string::npos);
+  // The separate compute_90 compile the PTX used to come from.
+  EXPECT_EQ(threaded.ptx, compile_ptx_only("m", source, 90));
+  EXPECT_EQ(threaded.source, source);
+}
+
+TEST(NvrtcCompiler, CacheServesRepeatsAndKeysOnSourceAndArch) {
+  clear_nvrtc_cache();
+  const std::string a = random_source(3);
+  engine::KernelModule first = compile_module("m", a, {90}, true);
+  NvrtcCacheStats after_first = nvrtc_cache_stats();
+  EXPECT_EQ(after_first.compiles, 1u);
+  EXPECT_EQ(after_first.hits, 0u);
+
+  engine::KernelModule again = compile_module("m", a, {90}, true);
+  NvrtcCacheStats after_again = nvrtc_cache_stats();
+  EXPECT_EQ(after_again.compiles, 1u);
+  EXPECT_EQ(after_again.hits, 1u);
+  EXPECT_EQ(again.cubins[0].image, first.cubins[0].image);
+  EXPECT_EQ(again.ptx, first.ptx);
+
+  // A new SM compiles only that SM; the cached one is reused.
+  engine::KernelModule two = compile_module("m", a, {87, 90}, false);
+  EXPECT_EQ(nvrtc_cache_stats().compiles, 2u);
+  EXPECT_EQ(two.cubins[1].image, first.cubins[0].image);
+  EXPECT_TRUE(two.ptx.empty());
+
+  // One changed character is another source: compiled, different code.
+  std::string b = a;
+  b.replace(b.find("% 97LL"), 6, "% 89LL");
+  engine::KernelModule other = compile_module("m", b, {90}, false);
+  EXPECT_EQ(nvrtc_cache_stats().compiles, 3u);
+  EXPECT_NE(other.cubins[0].image, first.cubins[0].image);
+  EXPECT_GT(nvrtc_cache_stats().bytes, 0u);
+}
+
+TEST(NvrtcCompiler, ErrorsNameTheModuleWhenCompiledOnThreads) {
+  set_threads("2");
+  const std::string bad = random_source(1) + "extern \"C\" __global__ void broken() { undeclared_thing(); }\n";
+  try {
+    compile_module("bad_module", bad, {87, 90}, true);
+    FAIL() << "expected a CompileError";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad_module"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("undeclared_thing"), std::string::npos) << e.what();
+  }
+  set_threads(nullptr);
+  // A failed compile caches nothing: the same source fails again.
+  EXPECT_THROW(compile_module("bad_module", bad, {90}, false), CompileError);
+}
+
+TEST(NvrtcCompiler, ProgressRunsOnTheCallingThreadAndMayThrow) {
+  // A short compile reports nothing; an exception from progress (as the
+  // Python callback's error) propagates after the threads are joined.
+  std::vector<std::string> lines;
+  compile_module("m", random_source(1), {87, 90}, true, [&](const std::string& l) { lines.push_back(l); });
+  for (const std::string& l : lines) EXPECT_EQ(l.rfind("NVRTC: ", 0), 0u) << l;
+  EXPECT_THROW(compile_module("m", "this is not CUDA", {87, 90}, true, [](const std::string&) {}), CompileError);
+}
+
+}  // namespace
+}  // namespace kiln::codegen
+
+// Kernels that differ only in their name and comments are compiled once: the
+// later steps launch the first one (same code); any other difference keeps
+// them apart.
+#include "compiler/compiler.h"
+
+namespace kiln {
+namespace {
+
+TEST(KernelDedup, IdenticalKernelsShareOneFunction) {
+  using engine::DType;
+  ir::Graph g;
+  std::vector<int> outs;
+  // Two sigmoids (identical kernels apart from the node names in comments;
+  // contiguous elementwise kernels take the element count as an argument, so
+  // the shapes may differ) and a relu (another kernel).
+  const std::vector<std::vector<int64_t>> shapes = {{4, 6}, {4, 7}, {4, 6}};
+  const char* ops[] = {"aten.sigmoid.default", "aten.sigmoid.default", "aten.relu.default"};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    int x = g.add_input("x" + std::to_string(i), DType::kFloat32, shapes[i]);
+    int s = g.add_node(ops[i], "op_" + std::to_string(i), {x}, {}, {{DType::kFloat32, shapes[i]}});
+    outs.push_back(g.nodes()[s].outputs[0]);
+  }
+  g.set_outputs(outs);
+  std::vector<std::string> progress;
+  compiler::CompileOptions options;
+  options.progress = [&](const std::string& m) { progress.push_back(m); };
+  engine::EngineDesc d = compiler::compile_to_desc(g, options);
+
+  std::vector<std::string> functions;
+  for (const auto& s : d.steps)
+    if (s.kind == engine::StepKind::kKernel) functions.push_back(s.kernel.function);
+  ASSERT_EQ(functions.size(), 3u);
+  EXPECT_EQ(functions[0], functions[1]);
+  EXPECT_NE(functions[0], functions[2]);
+  ASSERT_EQ(d.modules.size(), 1u);
+  const std::string& src = d.modules[0].source;
+  size_t kernels = 0;
+  for (size_t at = src.find("__global__"); at != std::string::npos; at = src.find("__global__", at + 1)) ++kernels;
+  EXPECT_EQ(kernels, 2u);
+  for (const std::string& f : functions) {
+    EXPECT_NE(src.find(f + "("), std::string::npos) << f;
+    EXPECT_NE(d.modules[0].ptx.find(".entry " + f), std::string::npos) << f;
+  }
+  bool said = false;
+  for (const std::string& m : progress) said |= m.find("3 fused kernels (2 distinct)") != std::string::npos;
+  EXPECT_TRUE(said);
+  // Steps keep their own tensors: only the function is shared.
+  EXPECT_NE(d.steps[0].kernel.args[0].tensor, d.steps[1].kernel.args[0].tensor);
+}
+
+}  // namespace
+}  // namespace kiln
