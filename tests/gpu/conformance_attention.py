@@ -155,6 +155,7 @@ FACTORIES = {
 # factory name -> input shapes
 CASES = {
     "SdpaPlain": [[2, 50, 64]],
+    "SdpaCausal": [[2, 70, 64]],
     "SdpaHeadDim128": [[2, 33, 256]],
     "SdpaHeadDim40": [[2, 37, 80]],
     "SdpaMask": [[2, 50, 64], [2, 1, 50, 50]],

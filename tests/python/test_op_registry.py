@@ -146,7 +146,9 @@ NOT_IN_EDGE_PROGRAMS = {
     # sum.dim_IntList)
     "aten.t_copy.default", "aten.transpose_copy.int", "aten.split_copy.Tensor", "aten.squeeze_copy.dim",
     "aten.sum.default",
-    # decomposed by to_edge (their decompositions are taken instead)
+    # decomposed by to_edge (their decompositions are taken instead; the
+    # attention's decomposition becomes kiln.attention, see test_attention.py)
+    "aten.scaled_dot_product_attention.default",
     "aten.hardswish.default", "aten.hardsigmoid.default", "aten.silu.default", "aten.mish.default",
     "aten.softplus.default", "aten.square.default", "aten.masked_fill.Scalar",
     # F.interpolate calls the .vec overloads; the .default ones (explicit
