@@ -29,6 +29,8 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
+double constant_element(const ir::Value& v, int64_t i);
+
 class Matcher {
  public:
   explicit Matcher(ir::Graph& graph) : graph_(graph), consumers_(consumers_of(graph)) {}
@@ -64,13 +66,10 @@ class Matcher {
   // A single-element float constant's value.
   std::optional<double> constant_scalar(int v) const {
     const ir::Value& c = graph_.value(v);
-    if (!c.is_constant || c.numel() != 1) return std::nullopt;
-    if (c.dtype == engine::DType::kFloat32 && c.data.size() == 4) {
-      float f;
-      std::memcpy(&f, c.data.data(), 4);
-      return f;
-    }
-    return std::nullopt;
+    if (!c.is_constant || c.numel() != 1 || c.data.size() != c.nbytes()) return std::nullopt;
+    const double x = constant_element(c, 0);
+    if (std::isnan(x)) return std::nullopt;
+    return x;
   }
   // The factor of a multiply or divide of the scores by a scalar (an
   // attribute, or a one-element constant tensor as torch.export lifts them);
@@ -178,6 +177,35 @@ void Matcher::fold_operand_scale(int v, double& scale, std::vector<int>& fold) {
   }
 }
 
+// Element i of constant `v` as a double (NaN for dtypes it cannot read).
+double constant_element(const ir::Value& v, int64_t i) {
+  const uint8_t* p = v.data.data();
+  switch (v.dtype) {
+    case engine::DType::kBool: return p[i] ? 1.0 : 0.0;
+    case engine::DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    case engine::DType::kFloat16:
+    case engine::DType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      if (v.dtype == engine::DType::kBFloat16) {
+        uint32_t bits = static_cast<uint32_t>(h) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+      }
+      const int exp = (h >> 10) & 0x1f, sign = h >> 15;
+      if (exp == 0x1f) return (h & 0x3ff) ? std::nan("") : (sign ? -INFINITY : INFINITY);
+      const double mant = exp ? 1.0 + (h & 0x3ff) / 1024.0 : (h & 0x3ff) / 1024.0;
+      return (sign ? -1.0 : 1.0) * std::ldexp(mant, exp ? exp - 15 : -14);
+    }
+    default: return std::nan("");
+  }
+}
+
 // Whether constant `v` ([..., rows, keys], leading dims 1) keeps exactly the
 // keys j <= i of row i: bool True there (False elsewhere), or a float 0
 // there and at most -1e4 (PyTorch's finfo.min or -inf) elsewhere.
@@ -185,33 +213,7 @@ bool is_causal_constant(const ir::Value& v) {
   if (!v.is_constant || v.shape.size() < 2) return false;
   const int64_t rows = v.shape[v.shape.size() - 2], keys = v.shape.back();
   if (v.numel() != rows * keys) return false;
-  auto element = [&](int64_t i) -> double {
-    const uint8_t* p = v.data.data();
-    switch (v.dtype) {
-      case engine::DType::kBool: return p[i] ? 1.0 : 0.0;
-      case engine::DType::kFloat32: {
-        float f;
-        std::memcpy(&f, p + 4 * i, 4);
-        return f;
-      }
-      case engine::DType::kFloat16:
-      case engine::DType::kBFloat16: {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        if (v.dtype == engine::DType::kBFloat16) {
-          uint32_t bits = static_cast<uint32_t>(h) << 16;
-          float f;
-          std::memcpy(&f, &bits, 4);
-          return f;
-        }
-        const int exp = (h >> 10) & 0x1f, sign = h >> 15;
-        if (exp == 0x1f) return (h & 0x3ff) ? std::nan("") : (sign ? -INFINITY : INFINITY);
-        const double mant = exp ? 1.0 + (h & 0x3ff) / 1024.0 : (h & 0x3ff) / 1024.0;
-        return (sign ? -1.0 : 1.0) * std::ldexp(mant, exp ? exp - 15 : -14);
-      }
-      default: return std::nan("");
-    }
-  };
+  auto element = [&](int64_t i) { return constant_element(v, i); };
   const bool boolean = v.dtype == engine::DType::kBool;
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < keys; ++j) {
