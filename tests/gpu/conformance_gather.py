@@ -112,7 +112,8 @@ class CausalMask(nn.Module):
 
     def forward(self, x):
         n = x.shape[-1]
-        causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+        positions = torch.arange(n, device=x.device)  # the GPU reference runs on cuda
+        causal = positions[None, :] <= positions[:, None]
         return x.masked_fill(~causal, -3.0)
 
 
