@@ -146,7 +146,7 @@ def check_vision_model(entry, runner, work, log, trials, rtol_override=None):
     rtol = rtol_override.get(entry["dtype"]) if rtol_override and rtol_override.get(entry["dtype"]) else entry["rtol"]
 
     def reference(inputs):
-        expected = exact(*[t.float() for t in inputs]).to(dtype)
+        expected = exact(*[t.float() if t.is_floating_point() else t for t in inputs]).to(dtype)
         if dtype == torch.float32:
             return [expected], []
         return [expected], [f"(torch fp16 {rel_err(model(*inputs), expected):.2e})"]
