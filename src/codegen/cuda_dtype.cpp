@@ -1,5 +1,7 @@
 #include "codegen/cuda_dtype.h"
 
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "ir/graph.h"
@@ -51,6 +53,14 @@ std::string store_expr(engine::DType d, const std::string& value) {
     case engine::DType::kInt32: return "(int)(" + value + ")";
     default: throw CompileError("unsupported store dtype");
   }
+}
+
+std::string float_literal(double v) {
+  if (std::isnan(v)) return "__int_as_float(0x7fc00000)";
+  if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9ef", static_cast<double>(static_cast<float>(v)));
+  return buffer;
 }
 
 std::string affine_offset(const AffineMap& map, const std::vector<int64_t>& shape) {

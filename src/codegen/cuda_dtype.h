@@ -31,6 +31,10 @@ const char* value_type(engine::DType d);
 std::string load_expr(engine::DType d, const std::string& ref);
 std::string store_expr(engine::DType d, const std::string& value);
 
+// A float constant as CUDA source: %.9e of the value rounded to float (exact
+// round trip), NaN and infinities as bit patterns.
+std::string float_literal(double v);
+
 // `map`'s offset for flat index `i` over the row-major `shape`, as a C++
 // expression of long longs with the shape baked in.
 std::string affine_offset(const AffineMap& map, const std::vector<int64_t>& shape);

@@ -98,6 +98,8 @@ class Graph {
 };
 
 int64_t numel_of(const std::vector<int64_t>& shape);
+// Row-major element strides of a contiguous tensor of `shape`.
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
 }  // namespace kiln::ir

@@ -18,11 +18,6 @@ constexpr int kMmaKeyTile = 64;    // keys a tensor-core block stages per iterat
 constexpr int kSimtKeyTile = 32;   // keys a SIMT block stages (one a lane)
 constexpr int kSimtRowsPerBlock = 8;
 
-std::string float_literal(double v) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.9ef", static_cast<double>(static_cast<float>(v)));
-  return buffer;
-}
 
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
 
@@ -63,7 +58,7 @@ std::string mask_update(const AttentionPlan& p, const std::string& row, const st
   s << "mp[(long long)" << row << " * " << ll(p.mask_strides[2]) << " + (long long)" << key << " * "
     << ll(p.mask_strides[3]) << "]";
   if (p.mask_kind == AttentionPlan::Mask::kBool) return "if (!" + s.str() + ") x = KILN_NEG_INF;";
-  return "x += " + load_expr(p.dtype_mask, s.str()) + " * " + float_literal(kLog2e) + ";";
+  return "x += " + load_expr(p.dtype_mask, s.str()) + " * " + codegen::float_literal(kLog2e) + ";";
 }
 
 // Shared prologue: block coordinates and the base pointers of this
@@ -167,7 +162,7 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "      #pragma unroll\n"
     << "      for (int e = 0; e < 4; ++e) {\n"
     << "        const long long row = row0 + g + (e >> 1) * 8, key = n0 + j * 8 + t4 * 2 + (e & 1);\n"
-    << "        float x = sc[j][e] * " << float_literal(p.scale * kLog2e) << ";\n"
+    << "        float x = sc[j][e] * " << codegen::float_literal(p.scale * kLog2e) << ";\n"
     << "        if (key >= kKeys) x = KILN_NEG_INF;\n";
   if (p.causal) s << "        if (key > row) x = KILN_NEG_INF;\n";
   if (p.mask_kind != AttentionPlan::Mask::kNone)
@@ -274,7 +269,7 @@ void emit_simt(std::ostream& s, const AttentionPlan& p, const std::string& name,
     << "    float x = 0.0f;\n"
     << "    #pragma unroll 8\n"
     << "    for (int c = 0; c < kD; ++c) x = fmaf(qs[warp * kD + c], ks[lane * (kD + 1) + c], x);\n"
-    << "    x *= " << float_literal(p.scale * kLog2e) << ";\n"
+    << "    x *= " << codegen::float_literal(p.scale * kLog2e) << ";\n"
     << "    if (key >= kKeys) x = KILN_NEG_INF;\n";
   if (p.causal) s << "    if (key > row) x = KILN_NEG_INF;\n";
   if (p.mask_kind != AttentionPlan::Mask::kNone)

@@ -14,11 +14,6 @@ using Shape = std::vector<int64_t>;
 
 const char* kOperands[] = {"q", "k", "v", "mask"};
 
-Shape contiguous_strides(const Shape& shape) {
-  Shape s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
-}
 
 bool attr_true(const std::map<std::string, ir::Attr>& attrs, const std::string& key) {
   auto it = attrs.find(key);
@@ -96,7 +91,7 @@ std::pair<Shape, Shape> operand_layout(const ir::Graph& graph, const ir::Node& n
   const std::string name = kOperands[index];
   const ir::Value& value = graph.value(node.inputs.at(index));
   Shape shape = node.has_attr(name + "_shape") ? node.ints_attr(name + "_shape") : value.shape;
-  Shape strides = node.has_attr(name + "_strides") ? node.ints_attr(name + "_strides") : contiguous_strides(shape);
+  Shape strides = node.has_attr(name + "_strides") ? node.ints_attr(name + "_strides") : ir::contiguous_strides(shape);
   if (strides.size() != shape.size())
     throw CompileError("node '" + node.name + "': " + name + " strides do not match its rank");
   if (node.has_attr("heads_split") && shape.size() == 3 && name != "mask") {
@@ -122,7 +117,7 @@ void copy3(std::array<int64_t, 3>& to, const Shape& bhld) { to = {bhld[0], bhld[
 std::optional<std::array<int64_t, 3>> output_strides(const ir::Graph& graph, const ir::Node& node,
                                                     const std::vector<int>& chain) {
   const ir::Node& last = graph.nodes()[static_cast<size_t>(chain.back())];
-  Shape st = contiguous_strides(graph.value(last.outputs[0]).shape);
+  Shape st = ir::contiguous_strides(graph.value(last.outputs[0]).shape);
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     const ir::Node& c = graph.nodes()[static_cast<size_t>(*it)];
     const Shape& in = graph.value(c.inputs[0]).shape;
@@ -222,10 +217,10 @@ AttentionPlan plan_attention(const ir::Graph& graph, const ir::Node& node) {
   copy3(p.v_strides, v_st);
   if (k[0] == 1) p.k_strides[0] = p.v_strides[0] = 0;  // broadcast over the batch
   Shape out_shape = graph.value(p.out).shape;
-  Shape out_st = contiguous_strides(out_shape);
+  Shape out_st = ir::contiguous_strides(out_shape);
   if (node.has_attr("heads_split") && out_shape.size() == 3) {
     out_shape = {p.batch, p.heads, out_shape[1], out_shape[2]};
-    out_st = contiguous_strides(out_shape);
+    out_st = ir::contiguous_strides(out_shape);
   }
   if (as_bhld(out_shape) != Shape{p.batch, p.heads, p.rows, p.value_dim})
     throw CompileError("node '" + node.name + "': attention output " + ir::shape_to_string(out_shape) +

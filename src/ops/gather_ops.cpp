@@ -12,11 +12,6 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
-std::vector<int64_t> strides_of(const Shape& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
-}
 
 bool int_attr(const std::map<std::string, ir::Attr>& attrs, const std::string& key, int64_t* out) {
   auto it = attrs.find(key);
@@ -33,7 +28,7 @@ bool int_attr(const std::map<std::string, ir::Attr>& attrs, const std::string& k
 AffineMap broadcast_map(const Shape& shape, size_t first, size_t rank, size_t out_rank) {
   AffineMap m;
   m.coef.assign(out_rank, 0);
-  const std::vector<int64_t> strides = strides_of(shape);
+  const std::vector<int64_t> strides = ir::contiguous_strides(shape);
   const size_t lead = rank - shape.size();
   for (size_t j = 0; j < shape.size(); ++j)
     if (shape[j] != 1) m.coef[first + lead + j] = strides[j];
@@ -89,7 +84,7 @@ std::string describe(const std::string& op, const std::map<std::string, ir::Attr
     if (idx.size() != n || idx != out) return "gather needs an index of the input's rank, shaped as the output";
     for (size_t s = 0; s < n; ++s)
       if (s != d && idx[s] > data[s]) return "gather index is larger than the input in a dim other than dim";
-    p.indices.push_back({-1, AffineMap{0, strides_of(idx)}});
+    p.indices.push_back({-1, AffineMap{0, ir::contiguous_strides(idx)}});
     return "";
   }
   if (op == "aten.index.Tensor") {

@@ -10,11 +10,6 @@
 namespace kiln::ops {
 namespace {
 
-std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
-}
 
 int64_t normalize_dim(int64_t dim, size_t rank, const ir::Node& node) {
   int64_t r = static_cast<int64_t>(rank);
@@ -25,7 +20,7 @@ int64_t normalize_dim(int64_t dim, size_t rank, const ir::Node& node) {
 }
 
 // Identity map over a contiguous tensor of `shape`.
-AffineMap contiguous(const std::vector<int64_t>& shape) { return {0, strides_of(shape)}; }
+AffineMap contiguous(const std::vector<int64_t>& shape) { return {0, ir::contiguous_strides(shape)}; }
 
 PointwisePlan piece(int input, int out, std::vector<int64_t> iter_shape, AffineMap in_map,
                             AffineMap out_map) {
@@ -123,7 +118,7 @@ std::string check_layout(const OpQuery& q) {
 
 std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node) {
   const ir::Value& in = graph.value(node.inputs.at(0));
-  const std::vector<int64_t> in_strides = strides_of(in.shape);
+  const std::vector<int64_t> in_strides = ir::contiguous_strides(in.shape);
   const std::string& op = node.op;
   if (is_constant_permute_op(op)) {  // of an activation (weights are folded)
     std::vector<int64_t> perm = permutation_of(node, in.shape.size());
@@ -165,7 +160,7 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
     const std::vector<int64_t> repeats = node.ints_attr("repeats");
     if (repeats.size() != out.shape.size() || repeats.size() < in.shape.size())
       throw CompileError("node '" + node.name + "': repeat counts do not match the output's rank");
-    const std::vector<int64_t> out_strides = strides_of(out.shape);
+    const std::vector<int64_t> out_strides = ir::contiguous_strides(out.shape);
     const size_t lead = repeats.size() - in.shape.size();
     std::vector<int64_t> iter;
     AffineMap read, write;
@@ -189,7 +184,7 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
   if (op == "aten.cat.default") {
     const ir::Value& out = graph.value(node.outputs[0]);
     int64_t d = normalize_dim(node.int_attr("dim", 0), out.shape.size(), node);
-    std::vector<int64_t> out_strides = strides_of(out.shape);
+    std::vector<int64_t> out_strides = ir::contiguous_strides(out.shape);
     std::vector<PointwisePlan> pieces;
     int64_t offset = 0;
     for (int id : node.inputs) {
@@ -230,7 +225,7 @@ bool layout_keeps_order(const ir::Graph& graph, const ir::Node& node) {
   if (in.dtype != out.dtype || in.numel() != out.numel()) return false;
   std::vector<int64_t> shape, coef;  // the output's dims and the input strides they walk
   if (is_constant_permute_op(node.op)) {
-    const std::vector<int64_t> strides = strides_of(in.shape);
+    const std::vector<int64_t> strides = ir::contiguous_strides(in.shape);
     for (int64_t p : permutation_of(node, in.shape.size())) coef.push_back(strides[static_cast<size_t>(p)]);
   } else if (node.op == "aten.as_strided_copy.default") {
     if (node.int_attr("storage_offset", 0) != 0) return false;
@@ -239,7 +234,7 @@ bool layout_keeps_order(const ir::Graph& graph, const ir::Node& node) {
     return false;
   }
   if (coef.size() != out.shape.size()) return false;
-  const std::vector<int64_t> own = strides_of(out.shape);
+  const std::vector<int64_t> own = ir::contiguous_strides(out.shape);
   for (size_t j = 0; j < coef.size(); ++j)
     if (out.shape[j] != 1 && coef[j] != own[j]) return false;
   return true;

@@ -35,11 +35,6 @@ std::string flat_offset(const std::string& var, const std::vector<int64_t>& shap
   return first ? "0LL" : expr.str();
 }
 
-std::string float_literal(double v) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.9ef", static_cast<double>(static_cast<float>(v)));
-  return buffer;
-}
 
 std::vector<int64_t> slice(const std::vector<int64_t>& v, size_t from, size_t to) {
   return std::vector<int64_t>(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(to));
@@ -168,7 +163,7 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
   const std::string prow_off = flat_offset("row", plan.row_shape, slice(plan.param_coef, 0, nr));
   const std::string pelem_off = flat_offset("e", plan.elem_shape, slice(plan.param_coef, nr, nr + ne));
   const std::string Lf = std::to_string(L) + ".0f";
-  const std::string eps = float_literal(plan.eps);
+  const std::string eps = codegen::float_literal(plan.eps);
   // y = (x - mean) * rstd, then the affine parameters of element e + lane.
   auto normalized = [&](const std::string& x, int64_t lane) {
     std::string y = "(" + x + " - mean) * rstd";

@@ -30,11 +30,6 @@ const char* label_of(Kind k) {
   }
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
-}
 
 // Which of inputs[1..] is the weight and which the bias: in schema order,
 // skipping an optional tensor the front end marked absent ("<name>_absent",
@@ -162,7 +157,7 @@ NormPlan plan_norm(const ir::Graph& graph, const ir::Node& node) {
     throw CompileError("node '" + node.name + "': output " + ir::shape_to_string(y.shape) +
                        " does not match the input " + ir::shape_to_string(x.shape));
   // The op's (NCHW-order) dims and where each lives in the tensor.
-  std::vector<int64_t> shape = x.shape, strides = contiguous_strides(x.shape);
+  std::vector<int64_t> shape = x.shape, strides = ir::contiguous_strides(x.shape);
   if (nhwc) {
     if (x.shape.size() != 4) throw CompileError("node '" + node.name + "': " + node.op + " needs a 4-D NHWC input");
     const std::vector<int64_t> s = strides;
@@ -192,7 +187,7 @@ NormPlan plan_norm(const ir::Graph& graph, const ir::Node& node) {
   const size_t rank = shape.size();
   if (kind == Kind::kLayer) {
     const size_t lead = rank - params.size();
-    const std::vector<int64_t> pstrides = contiguous_strides(params);
+    const std::vector<int64_t> pstrides = ir::contiguous_strides(params);
     for (size_t d = 0; d < rank; ++d) {
       if (d < lead) {
         p.row_shape.push_back(shape[d]);

@@ -10,13 +10,6 @@ namespace kiln::ops {
 namespace {
 
 // Prints a double as a CUDA float literal that round-trips.
-std::string float_literal(double v) {
-  if (std::isnan(v)) return "__int_as_float(0x7fc00000)";
-  if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.9ef", static_cast<double>(static_cast<float>(v)));
-  return buffer;
-}
 
 double scalar_attr(const std::map<std::string, ir::Attr>& attrs, const std::string& key, double fallback,
                    bool* ok) {
@@ -107,11 +100,11 @@ std::string pointwise_expression(const ir::Node& node, const std::vector<std::st
   auto attr = [&](const char* key, double fallback) {
     double v = scalar_attr(node.attrs, key, fallback, &ok);
     if (!ok) throw CompileError("node '" + node.name + "': attribute '" + key + "' is not a number");
-    return float_literal(v);
+    return codegen::float_literal(v);
   };
   auto scaled = [&](const std::string& b) {
     double alpha = scalar_attr(node.attrs, "alpha", 1.0, &ok);
-    return alpha == 1.0 ? b : "(" + float_literal(alpha) + " * " + b + ")";
+    return alpha == 1.0 ? b : "(" + codegen::float_literal(alpha) + " * " + b + ")";
   };
   if (op == "aten.add.Tensor") return "(" + x[0] + " + " + scaled(x[1]) + ")";
   if (op == "aten.add.Scalar") return "(" + x[0] + " + " + scaled(attr("other", 0)) + ")";

@@ -55,11 +55,7 @@ std::optional<std::vector<int64_t>> view_strides(const std::vector<int64_t>& sha
                                                     const std::vector<int64_t>& new_shape) {
   if (ir::numel_of(shape) != ir::numel_of(new_shape)) return std::nullopt;
   std::vector<int64_t> out(new_shape.size(), 1);
-  if (ir::numel_of(shape) == 0) {
-    std::vector<int64_t> s(new_shape.size(), 1);
-    for (size_t d = new_shape.size(); d-- > 1;) s[d - 1] = s[d] * new_shape[d];
-    return s;
-  }
+  if (ir::numel_of(shape) == 0) return ir::contiguous_strides(new_shape);
   // Walk the old dims from the innermost, in chunks that are contiguous
   // with each other; each chunk must be made of whole new dims.
   int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;

@@ -20,11 +20,6 @@ using Shape = std::vector<int64_t>;
 constexpr const char* kExpand = "aten.expand_copy.default";
 const char* kOperands[] = {"q", "k", "v", "mask"};
 
-Shape contiguous_strides(const Shape& shape) {
-  Shape s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
-}
 
 constexpr const char* kSlice = "aten.slice_copy.Tensor";
 constexpr const char* kSelect = "aten.select_copy.int";
@@ -49,7 +44,7 @@ struct Layout {
 // "heads_split" may end at its 4-D form (only views after it).
 std::optional<Layout> layout_through(const ir::Graph& graph, const std::vector<int>& chain, int root,
                                      const Shape& operand, const Shape& target4) {
-  Shape shape = graph.value(root).shape, strides = contiguous_strides(shape);
+  Shape shape = graph.value(root).shape, strides = ir::contiguous_strides(shape);
   int64_t offset = 0;  // elements, from slices and selects
   Shape good_shape, good_strides;  // the last 4-D state matching target4
   int64_t group = 1, good_group = 1;  // heads sharing one key/value head (dim 1)
