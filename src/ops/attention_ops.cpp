@@ -117,29 +117,36 @@ void copy3(std::array<int64_t, 3>& to, const Shape& bhld) { to = {bhld[0], bhld[
 std::optional<std::array<int64_t, 3>> output_strides(const ir::Graph& graph, const ir::Node& node,
                                                     const std::vector<int>& chain) {
   const ir::Node& last = graph.nodes()[static_cast<size_t>(chain.back())];
-  Shape st = ir::contiguous_strides(graph.value(last.outputs[0]).shape);
+  const Shape& last_shape = graph.value(last.outputs[0]).shape;
+  // Walk back from the contiguous storage; dims may carry several strided
+  // factors on the way (a view merging dims a permute has reordered).
+  FactoredDims dims = factored_dims(last_shape, ir::contiguous_strides(last_shape));
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     const ir::Node& c = graph.nodes()[static_cast<size_t>(*it)];
     const Shape& in = graph.value(c.inputs[0]).shape;
-    const Shape& out = graph.value(c.outputs[0]).shape;
     if (is_constant_permute_op(c.op)) {
       const Shape perm = permutation_of(c, in.size());
-      Shape in_st(in.size());
-      for (size_t j = 0; j < perm.size(); ++j) in_st[static_cast<size_t>(perm[j])] = st[j];
-      st = in_st;
+      FactoredDims in_dims(in.size());
+      for (size_t j = 0; j < perm.size(); ++j) in_dims[static_cast<size_t>(perm[j])] = dims[j];
+      dims = in_dims;
     } else if (is_view_op(c.op)) {
-      auto r = view_strides(out, st, in);
+      auto r = view_factored(dims, in);
       if (!r) return std::nullopt;
-      st = *r;
+      dims = *r;
     }  // identity copies: the same layout
   }
   Shape shape = graph.value(node.outputs[0]).shape;
-  if (st.back() != 1 && shape.back() != 1) return std::nullopt;
   if (shape.size() == 3 && node.has_attr("heads_split")) {
-    const int64_t heads = node.ints_attr("heads_split").at(1);
-    return std::array<int64_t, 3>{st[0] * heads, st[0], st[1]};
+    const Shape split = node.ints_attr("heads_split");
+    auto r = view_factored(dims, {split.at(0), split.at(1), shape[1], shape[2]});
+    if (!r) return std::nullopt;
+    dims = *r;
+    shape = {split.at(0), split.at(1), shape[1], shape[2]};
   }
-  const Shape b = strides_bhld(st);
+  const auto st = plain_strides(dims);
+  if (!st) return std::nullopt;
+  if (st->back() != 1 && shape.back() != 1) return std::nullopt;
+  const Shape b = strides_bhld(*st);
   return std::array<int64_t, 3>{b[0], b[1], b[2]};
 }
 

@@ -81,6 +81,82 @@ std::optional<std::vector<int64_t>> view_strides(const std::vector<int64_t>& sha
   return out;
 }
 
+FactoredDims factored_dims(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  FactoredDims dims(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1) dims[d].push_back({shape[d], strides[d]});
+  return dims;
+}
+
+namespace {
+
+// Drops size-1 factors and merges neighbours that are contiguous together.
+std::vector<StrideFactor> merged(const std::vector<StrideFactor>& factors) {
+  std::vector<StrideFactor> out;
+  for (const StrideFactor& f : factors) {
+    if (f.size == 1) continue;
+    if (!out.empty() && out.back().stride == f.size * f.stride) {
+      out.back() = {out.back().size * f.size, f.stride};
+    } else {
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<FactoredDims> view_factored(const FactoredDims& dims, const std::vector<int64_t>& new_shape) {
+  std::vector<StrideFactor> atoms;
+  for (const auto& d : dims) atoms.insert(atoms.end(), d.begin(), d.end());
+  atoms = merged(atoms);
+  FactoredDims out(new_shape.size());
+  size_t next = 0;
+  for (size_t d = 0; d < new_shape.size(); ++d) {
+    const int64_t target = new_shape[d];
+    if (target < 1) return std::nullopt;
+    int64_t have = 1;
+    while (have < target) {
+      if (next == atoms.size()) return std::nullopt;
+      StrideFactor& a = atoms[next];
+      if (target % (have * a.size) == 0) {  // the whole factor fits
+        out[d].push_back(a);
+        have *= a.size;
+        ++next;
+      } else if (target % have == 0 && a.size % (target / have) == 0) {  // cut it: outer part here
+        const int64_t k = target / have;
+        out[d].push_back({k, a.stride * (a.size / k)});
+        a.size /= k;
+        have = target;
+      } else {
+        return std::nullopt;
+      }
+    }
+  }
+  if (next != atoms.size()) return std::nullopt;
+  return out;
+}
+
+std::vector<int64_t> factored_shape(const FactoredDims& dims) {
+  std::vector<int64_t> shape;
+  for (const auto& d : dims) {
+    int64_t n = 1;
+    for (const StrideFactor& f : d) n *= f.size;
+    shape.push_back(n);
+  }
+  return shape;
+}
+
+std::optional<std::vector<int64_t>> plain_strides(const FactoredDims& dims) {
+  std::vector<int64_t> strides;
+  for (const auto& d : dims) {
+    const std::vector<StrideFactor> m = merged(d);
+    if (m.size() > 1) return std::nullopt;
+    strides.push_back(m.empty() ? 1 : m[0].stride);
+  }
+  return strides;
+}
+
 KILN_REGISTER_OPS(views) {
   for (const char* name : {"aten.view_copy.default", "aten._unsafe_view.default", "aten.view.default",
                            "aten.reshape.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",

@@ -33,4 +33,26 @@ std::optional<std::vector<int64_t>> view_strides(const std::vector<int64_t>& sha
                                                  const std::vector<int64_t>& strides,
                                                  const std::vector<int64_t>& new_shape);
 
+// A tensor's layout inside some storage where a dim may be made of several
+// strided factors (outer first). A view that merges dims whose strides do
+// not line up (the [S, B*H, D] of nn.MultiheadAttention at batch > 1, heads
+// cut out of a [S, B, 3E] projection) has no single stride per dim, but the
+// factors survive until a later view splits them apart again.
+struct StrideFactor {
+  int64_t size = 1, stride = 0;
+};
+using FactoredDims = std::vector<std::vector<StrideFactor>>;
+
+// One factor per dim (size-1 dims get none).
+FactoredDims factored_dims(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides);
+// The dims `dims` hold as a view of shape `new_shape`: their factors, outer
+// to inner, regrouped (and split where a new dim cuts one) into the new
+// dims; nullopt when a new dim would cut a factor unevenly.
+std::optional<FactoredDims> view_factored(const FactoredDims& dims, const std::vector<int64_t>& new_shape);
+// Sizes of the dims.
+std::vector<int64_t> factored_shape(const FactoredDims& dims);
+// One stride per dim when every dim's factors merge into one (each factor's
+// stride is the next one's size times stride); nullopt otherwise.
+std::optional<std::vector<int64_t>> plain_strides(const FactoredDims& dims);
+
 }  // namespace kiln::ops

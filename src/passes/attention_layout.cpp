@@ -9,6 +9,7 @@
 #include "ops/attention_ops.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
+#include "passes/graph_queries.h"
 #include "passes/graph_rewriter.h"
 #include "passes/passes.h"
 
@@ -24,12 +25,6 @@ const char* kOperands[] = {"q", "k", "v", "mask"};
 constexpr const char* kSlice = "aten.slice_copy.Tensor";
 constexpr const char* kSelect = "aten.select_copy.int";
 
-bool is_copy_op(const ir::Graph& graph, const ir::Node& node) {
-  const std::string& op = node.op;
-  return ops::is_constant_permute_op(op) || op == kExpand || op == kSlice || op == kSelect ||
-         ops::is_identity_copy(graph, node);
-}
-
 int64_t normalize_dim(int64_t dim, size_t rank) { return dim < 0 ? dim + static_cast<int64_t>(rank) : dim; }
 
 struct Layout {
@@ -38,81 +33,98 @@ struct Layout {
   int64_t group = 1;
 };
 
+// One stride per dim, except that the head dim (1) of a 4-D key or value
+// may be [kv heads, n] with n broadcast (stride 0): grouped-query attention,
+// head h reads kv head h / n.
+std::optional<Layout> to_layout(const ops::FactoredDims& dims, int64_t offset) {
+  Layout layout{ops::factored_shape(dims), {}, offset, 1};
+  for (size_t d = 0; d < dims.size(); ++d) {
+    ops::FactoredDims one{dims[d]};
+    if (auto st = ops::plain_strides(one)) {
+      layout.strides.push_back((*st)[0]);
+    } else if (d == 1 && dims.size() == 4 && dims[d].size() == 2 && dims[d][1].stride == 0) {
+      layout.group = dims[d][1].size;
+      layout.strides.push_back(dims[d][0].stride);
+    } else {
+      return std::nullopt;
+    }
+  }
+  return layout;
+}
+
+// The single factor of dim d (merged), if it has one.
+std::optional<ops::StrideFactor> sole_factor(const ops::FactoredDims& dims, size_t d, int64_t size) {
+  ops::FactoredDims one{dims[d]};
+  auto st = ops::plain_strides(one);
+  if (!st) return std::nullopt;
+  return ops::StrideFactor{size, (*st)[0]};
+}
+
 // The layout of the value at the end of `chain` (producers, nearest first)
 // in the storage of `root` (the first node's input), when the copies and
-// views of the chain can be described by strides. An operand of rank 3 with
-// "heads_split" may end at its 4-D form (only views after it).
+// views of the chain can be described by strides (dims made of several
+// strided factors are allowed on the way: see ops::FactoredDims). An operand
+// of rank 3 with "heads_split" is read in its 4-D form `target4`.
 std::optional<Layout> layout_through(const ir::Graph& graph, const std::vector<int>& chain, int root,
                                      const Shape& operand, const Shape& target4) {
-  Shape shape = graph.value(root).shape, strides = ir::contiguous_strides(shape);
+  Shape shape = graph.value(root).shape;
+  ops::FactoredDims dims = ops::factored_dims(shape, ir::contiguous_strides(shape));
   int64_t offset = 0;  // elements, from slices and selects
-  Shape good_shape, good_strides;  // the last 4-D state matching target4
-  int64_t group = 1, good_group = 1;  // heads sharing one key/value head (dim 1)
-  bool ok = true, views_only_since_good = false;
-  for (auto it = chain.rbegin(); it != chain.rend() && ok; ++it) {
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     const ir::Node& p = graph.nodes()[static_cast<size_t>(*it)];
     const Shape& out = graph.value(p.outputs[0]).shape;
-    if (!good_shape.empty() && !ops::is_view_op(p.op)) views_only_since_good = false;
     if (ops::is_constant_permute_op(p.op)) {
       const Shape perm = ops::permutation_of(p, shape.size());
-      if (group > 1 && (perm[0] != 0 || perm[1] != 1)) { ok = false; break; }
-      Shape st(perm.size());
-      for (size_t j = 0; j < perm.size(); ++j) st[j] = strides[static_cast<size_t>(perm[j])];
-      strides = st;
+      ops::FactoredDims next(perm.size());
+      for (size_t j = 0; j < perm.size(); ++j) next[j] = dims[static_cast<size_t>(perm[j])];
+      dims = next;
     } else if (p.op == kExpand) {
-      if (out.size() < shape.size() || (group > 1 && out != shape)) { ok = false; break; }
+      if (out.size() < shape.size()) return std::nullopt;
       const size_t lead = out.size() - shape.size();
-      Shape st(out.size(), 0);
-      for (size_t j = lead; j < out.size(); ++j)
-        st[j] = shape[j - lead] == out[j] ? strides[j - lead] : 0;
-      strides = st;
+      ops::FactoredDims next(out.size());
+      for (size_t j = 0; j < out.size(); ++j) {
+        if (j >= lead && shape[j - lead] == out[j]) {
+          next[j] = dims[j - lead];
+        } else if (out[j] != 1) {
+          next[j] = {{out[j], 0}};
+        }
+      }
+      dims = next;
     } else if (p.op == kSlice || p.op == kSelect) {
       const int64_t d = normalize_dim(p.int_attr("dim", 0), shape.size());
-      if (d < 0 || d >= static_cast<int64_t>(shape.size())) { ok = false; break; }
+      if (d < 0 || d >= static_cast<int64_t>(shape.size())) return std::nullopt;
       const size_t du = static_cast<size_t>(d);
+      auto f = sole_factor(dims, du, shape[du]);
+      if (!f) return std::nullopt;
       if (p.op == kSelect) {
         int64_t index = p.int_attr("index", 0);
         if (index < 0) index += shape[du];
-        offset += index * strides[du];
-        strides.erase(strides.begin() + d);
+        offset += index * f->stride;
+        dims.erase(dims.begin() + d);
       } else {
         int64_t start = p.int_attr("start", 0), step = p.int_attr("step", 1);
         if (start < 0) start += shape[du];
         start = std::max<int64_t>(0, std::min(start, shape[du]));
-        offset += start * strides[du];
-        strides[du] *= step;
+        offset += start * f->stride;
+        dims[du].clear();
+        if (out[du] != 1) dims[du].push_back({out[du], f->stride * step});
       }
-      if (strides.size() != out.size()) { ok = false; break; }
+      if (dims.size() != out.size()) return std::nullopt;
     } else if (ops::is_identity_copy(graph, p)) {
       // a copy with the same shape: the same elements
-    } else if (group > 1) {
-      ok = false;  // only permutes of the trailing dims keep the head grouping
-    } else if (auto st = ops::view_strides(shape, strides, out)) {
-      strides = *st;
-    } else if (shape.size() == 5 && out.size() == 4 && strides[2] == 0 && out[0] == shape[0] &&
-               out[1] == shape[1] * shape[2] && out[2] == shape[3] && out[3] == shape[4]) {
-      // Grouped-query attention: [b, kv heads, n, s, d] broadcast over n
-      // and merged to [b, kv heads * n, s, d]: head h reads kv head h / n.
-      group = shape[2];
-      strides = {strides[0], strides[1], strides[3], strides[4]};
+    } else if (auto next = ops::view_factored(dims, out)) {
+      dims = *next;
     } else {
-      ok = false;
+      return std::nullopt;
     }
     shape = out;
-    if (ok && !target4.empty() && shape == target4) {
-      good_shape = shape;
-      good_group = group;
-      good_strides = strides;
-      views_only_since_good = true;
-    }
   }
-  if (!ok || shape != operand) {
-    if (good_shape.empty() || !views_only_since_good) return std::nullopt;
-    shape = good_shape;
-    group = good_group;
-    strides = good_strides;
+  if (shape != operand) return std::nullopt;
+  if (!target4.empty()) {
+    if (auto split = ops::view_factored(dims, target4)) return to_layout(*split, offset);
+    return std::nullopt;
   }
-  return Layout{shape, strides, offset, group};
+  return to_layout(dims, offset);
 }
 
 }  // namespace
@@ -132,14 +144,14 @@ void attention_operand_layouts(ir::Graph& graph) {
         const int producer = graph.value(root).producer;
         if (producer < 0) break;
         const ir::Node& p = graph.nodes()[static_cast<size_t>(producer)];
-        if (!(ops::is_view_op(p.op) || is_copy_op(graph, p)) || p.inputs.empty()) break;
+        if (!(ops::is_view_op(p.op) || is_layout_copy(graph, p)) || p.inputs.empty()) break;
         chain.push_back(producer);
         root = p.inputs[0];
       }
       // The farthest root the operand can be read from through strides.
       const Shape& operand = graph.value(node.inputs[i]).shape;
       Shape target4;
-      if (node.has_attr("heads_split") && operand.size() == 3) {
+      if (node.has_attr("heads_split") && operand.size() == 3 && name != "mask") {
         const Shape split = node.ints_attr("heads_split");
         target4 = {split.at(0), split.at(1), operand[1], operand[2]};
       }
@@ -147,7 +159,7 @@ void attention_operand_layouts(ir::Graph& graph) {
       for (size_t k = chain.size(); k >= 1 && !found; --k) {
         const std::vector<int> sub(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(k));
         bool has_copy = false;
-        for (int c : sub) has_copy |= is_copy_op(graph, graph.nodes()[static_cast<size_t>(c)]);
+        for (int c : sub) has_copy |= is_layout_copy(graph, graph.nodes()[static_cast<size_t>(c)]);
         if (!has_copy) break;  // views alone cost nothing
         root = graph.nodes()[static_cast<size_t>(sub.back())].inputs[0];
         found = layout_through(graph, sub, root, operand, target4);
@@ -175,7 +187,7 @@ void attention_operand_layouts(ir::Graph& graph) {
     const auto consumers = consumers_of(graph);
     for (size_t n = graph.nodes().size(); n-- > 0;) {
       ir::Node& node = graph.nodes()[n];
-      if (node.op == "kiln.folded" || !(ops::is_view_op(node.op) || is_copy_op(graph, node))) continue;
+      if (node.op == "kiln.folded" || !(ops::is_view_op(node.op) || is_layout_copy(graph, node))) continue;
       bool used = false;
       for (int o : node.outputs) used |= is_used(graph, consumers, o);
       if (used) continue;

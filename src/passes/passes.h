@@ -17,6 +17,10 @@ namespace kiln::passes {
 // folded node's output becomes a constant and the node is marked "kiln.folded".
 void fold_constants(ir::Graph& graph);
 
+// Nodes with the same op, attributes and (already merged) inputs as an
+// earlier node are computed once (common_subexpressions.cpp).
+ir::Graph merge_common_subexpressions(const ir::Graph& graph);
+
 // Folds inference batch norm into the convolution before it where that conv
 // has constant weights and no other use; any other batch norm becomes a
 // per-channel multiply-add. Runs before precision, so folding is exact.
@@ -42,6 +46,18 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute);
 // "<operand>_shape"/"<operand>_strides" attributes) and the copies nobody
 // else reads are dropped (attention_layout.cpp). Runs just before fuse().
 void attention_operand_layouts(ir::Graph& graph);
+
+// Linears reading the same input with constant weights of one width, whose
+// results only feed attention operands (query/key/value projections),
+// become one GEMM over the stacked weights; each result is a slice of it
+// (merge_linears.cpp). Runs after fuse_attention.
+ir::Graph merge_sibling_linears(const ir::Graph& graph);
+
+// Moves permutes that keep the last dim across linears (a linear maps rows
+// on their own) to the side where they cost no more or where the attention
+// step reads or writes through strides (linear_permutes.cpp). Runs after
+// fuse_attention, before attention_operand_layouts.
+ir::Graph commute_linear_permutes(const ir::Graph& graph);
 
 // Recognizes attention written as bmm -> scale -> mask -> softmax -> bmm
 // (how torch.export decomposes scaled_dot_product_attention, and how many

@@ -5,6 +5,7 @@ add_executable(kiln_compiler_tests
   memory_plan_test.cpp
   dtype_convert_test.cpp
   compiler_pipeline_test.cpp
+  view_layout_test.cpp
   compiler_conv_test.cpp
   nvrtc_compiler_test.cpp)
 target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main)

@@ -109,6 +109,50 @@ class TorchMha(nn.Module):
         return self.mha(x, x, x, need_weights=False)[0]
 
 
+class MhaBlock(nn.Module):
+    """A pre-norm encoder block around nn.MultiheadAttention (ViT's), at
+    batch > 1: the batch-first transposes around the projections move
+    elements, and the residual adds follow the output projections."""
+
+    def __init__(self, dim=64, heads=4, batch_first=True):
+        super().__init__()
+        self.batch_first = batch_first
+        self.ln1 = nn.LayerNorm(dim)
+        self.mha = nn.MultiheadAttention(dim, heads, batch_first=batch_first)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        y = self.ln1(x)
+        x = x + self.mha(y, y, y, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class SeparateQkv(nn.Module):
+    """BERT's self-attention: separate query/key/value linears, heads split
+    by view + permute, an additive mask from a 0/1 attention mask, the
+    output linear and the residual."""
+
+    def __init__(self, dim=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x, keep):
+        b, n, d = x.shape
+        hd = d // self.heads
+
+        def split(t):
+            return t.view(b, n, self.heads, hd).permute(0, 2, 1, 3)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        keep01 = (keep > 0).to(x.dtype)[:, None, None, :]  # the input is random: keep where positive
+        bias = (1.0 - keep01) * torch.finfo(x.dtype).min
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd) + bias
+        o = torch.matmul(torch.softmax(scores, dim=-1), v).permute(0, 2, 1, 3).reshape(b, n, d)
+        return x + self.o(o)
+
+
 class EagerAttention(nn.Module):
     """Attention written out as Hugging Face eager attention does: matmul,
     scale, additive mask, softmax, matmul."""
@@ -148,6 +192,9 @@ FACTORIES = {
     "SdpaCross": CrossAttention,
     "SdpaGqa": GroupedQueryAttention,
     "TorchMha": TorchMha,
+    "MhaBlock": MhaBlock,
+    "MhaBlockSeqFirst": lambda: MhaBlock(batch_first=False),
+    "SeparateQkv": SeparateQkv,
     "EagerAttention": EagerAttention,
     "VitAttention": VitAttention,
 }
@@ -163,6 +210,9 @@ CASES = {
     "SdpaCross": [[2, 40, 64], [2, 24, 64]],
     "SdpaGqa": [[2, 30, 128]],
     "TorchMha": [[2, 65, 96]],
+    "MhaBlock": [[3, 41, 64]],
+    "MhaBlockSeqFirst": [[41, 3, 64]],
+    "SeparateQkv": [[3, 48, 64], [3, 48]],
     "EagerAttention": [[2, 50, 64], [2, 1, 1, 50]],
     "VitAttention": [[1, 197, 768]],
 }
