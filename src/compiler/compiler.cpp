@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 
 #include "codegen/nvrtc_compiler.h"
@@ -211,6 +212,25 @@ struct Pass {
   std::function<void(PassState&, const CompileOptions&, engine::DType compute)> run;
 };
 
+// Every value a step reads holds data by then: a graph input, a constant,
+// or (the storage of) what an earlier step wrote. A pass that loses track
+// of a value would otherwise leave a step reading an arena slot nobody
+// writes: a silent wrong answer.
+void check_plan_reads(const ir::Graph& graph, const passes::ExecPlan& plan) {
+  std::set<int> ready(graph.inputs().begin(), graph.inputs().end());
+  for (const ir::Value& v : graph.values())
+    if (v.is_constant) ready.insert(v.id);
+  for (const ops::PlannedOp& op : plan.ops) {
+    for (int r : op.reads()) {
+      if (ready.count(r) || ready.count(plan.storage_of(r))) continue;
+      throw CompileError("internal: step '" + op.label + "' reads " + graph.value(r).name +
+                         ", which no earlier step writes (a compiler pass lost it)");
+    }
+    ready.insert(op.writes());
+    ready.insert(plan.storage_of(op.writes()));
+  }
+}
+
 const std::vector<Pass>& passes() {
   static const std::vector<Pass> kPasses = {
       {"verify", [](PassState& s, const CompileOptions&, engine::DType) { s.graph.verify(); }},
@@ -245,7 +265,10 @@ const std::vector<Pass>& passes() {
          if (o.op_options.depthwise_kernels) passes::plan_depthwise_kernels(s.graph, s.plan);
        }},
       {"split_reductions",
-       [](PassState& s, const CompileOptions&, engine::DType) { passes::split_reductions(s.graph, s.plan); }},
+       [](PassState& s, const CompileOptions&, engine::DType) {
+         passes::split_reductions(s.graph, s.plan);
+         check_plan_reads(s.graph, s.plan);
+       }},
   };
   return kPasses;
 }

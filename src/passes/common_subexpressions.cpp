@@ -71,9 +71,10 @@ ir::Graph merge_common_subexpressions(const ir::Graph& graph) {
   }
   std::map<std::string, const ir::Node*> seen;
   for (const ir::Node& node : graph.nodes()) {
+    if (folded_to_constants(graph, node)) continue;
     std::vector<int> inputs;
     for (int in : node.inputs) inputs.push_back(rw.map(in));
-    if (node.op == "kiln.folded" || node.outputs.empty()) {
+    if (node.outputs.empty() || node.op == "kiln.folded") {
       rw.copy_node(node, inputs);
       continue;
     }

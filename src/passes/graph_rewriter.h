@@ -57,6 +57,16 @@ class GraphRewriter {
   std::vector<int> map_;
 };
 
+// A node fold_constants evaluated: its outputs are constants, which the
+// GraphRewriter copies as such, so a rebuilding pass skips the node
+// (copying it would re-map its outputs to values without data).
+inline bool folded_to_constants(const ir::Graph& graph, const ir::Node& node) {
+  if (node.op != "kiln.folded") return false;
+  for (int o : node.outputs)
+    if (!graph.value(o).is_constant) return false;
+  return true;
+}
+
 // consumers[v]: indices of the (non-folded) nodes reading value v.
 inline std::vector<std::vector<int>> consumers_of(const ir::Graph& graph) {
   std::vector<std::vector<int>> consumers(graph.values().size());

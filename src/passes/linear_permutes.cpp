@@ -98,7 +98,7 @@ ir::Graph commute_linear_permutes(const ir::Graph& graph) {
   GraphRewriter rw(graph);
   for (size_t n = 0; n < graph.nodes().size(); ++n) {
     const ir::Node& node = graph.nodes()[n];
-    if (skipped.count(static_cast<int>(n))) continue;
+    if (skipped.count(static_cast<int>(n)) || folded_to_constants(graph, node)) continue;
     std::vector<int> inputs;
     for (int in : node.inputs) inputs.push_back(rw.map(in));
     if (auto b = before.find(static_cast<int>(n)); b != before.end()) {

@@ -62,6 +62,7 @@ ir::Graph merge_sibling_linears(const ir::Graph& graph) {
   GraphRewriter rw(graph);
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     const ir::Node& node = graph.nodes()[i];
+    if (folded_to_constants(graph, node)) continue;
     std::vector<int> inputs;
     for (int in : node.inputs) inputs.push_back(rw.map(in));
     auto f = first_of.find(static_cast<int>(i));

@@ -195,6 +195,8 @@ FACTORIES = {
     "MhaBlock": MhaBlock,
     "MhaBlockSeqFirst": lambda: MhaBlock(batch_first=False),
     "SeparateQkv": SeparateQkv,
+    "BertAttention": lambda: SeparateQkv(dim=768, heads=12),
+    "SdpaCausalLong": lambda: SelfAttention(dim=128, heads=2, causal=True),
     "EagerAttention": EagerAttention,
     "VitAttention": VitAttention,
 }
@@ -213,6 +215,8 @@ CASES = {
     "MhaBlock": [[3, 41, 64]],
     "MhaBlockSeqFirst": [[41, 3, 64]],
     "SeparateQkv": [[3, 48, 64], [3, 48]],
+    "BertAttention": [[1, 128, 768], [1, 128]],  # few heads x rows: keys split over warps
+    "SdpaCausalLong": [[1, 300, 128]],
     "EagerAttention": [[2, 50, 64], [2, 1, 1, 50]],
     "VitAttention": [[1, 197, 768]],
 }

@@ -86,9 +86,14 @@ def test_encoder_block_at_batch_3_fuses_its_residual_adds_into_the_gemms():
                           "linear+add"], labels
 
 
-def test_separate_query_key_value_linears_become_one_gemm():
+@pytest.mark.parametrize("precision", [torch.float32, torch.float16])
+def test_separate_query_key_value_linears_become_one_gemm(precision):
     torch.manual_seed(0)
-    labels = _labels(_compile(ca.SeparateQkv(), torch.randn(3, 48, 64), torch.randn(3, 48)))
+    model = ca.SeparateQkv().to(precision)
+    compiled = _compile(model, torch.randn(3, 48, 64, dtype=precision), torch.randn(3, 48, dtype=precision),
+                        precision=precision)
+    assert not compiled.summary.ops_on_cpu, compiled.summary
+    labels = _labels(compiled)
     # passes/merge_linears.cpp: one GEMM over the stacked weights; the
     # attention reads its slices through strides.
     assert labels.count("linear") == 1 and labels.count("linear+add") == 1, labels
