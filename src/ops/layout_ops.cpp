@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <variant>
 
+#include "ops/conv_ops.h"
+#include "ops/gemm_ops.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
 
@@ -121,6 +124,44 @@ bool piece_keeps_order(const ir::Graph& graph, const PointwisePlan& p) {
   if (p.input_map.coef.size() != own.size() || (!p.output_map.coef.empty() && p.output_map.coef != own)) return false;
   for (size_t j = 0; j < own.size(); ++j)
     if (out.shape[j] != 1 && p.input_map.coef[j] != own[j]) return false;
+  return true;
+}
+
+// Whether `out` (a layout result in the element order of `root`) may alias
+// root's storage. The engine describes a storage by one shape, root's, and
+// checks it where a convolution reads (the exact shape) and where a GEMM
+// reads (some trailing dims make one row, step_check.cpp): where `out` has
+// another shape, no convolution may read it (or a view of it), a GEMM only
+// if root's rows are out's, and it must not be a graph output (whose shape
+// the storage would take).
+bool alias_keeps_shapes(PlanContext& ctx, int out, int root) {
+  const ir::Graph& g = ctx.graph();
+  const std::vector<int64_t>& from = g.value(root).shape;
+  const std::vector<int64_t>& to = g.value(out).shape;
+  if (from == to) return true;
+  auto row_sizes = [](const std::vector<int64_t>& shape) {
+    std::set<int64_t> sizes;
+    int64_t size = 1;
+    for (size_t d = shape.size(); d-- > 0;) sizes.insert(size *= shape[d]);
+    return sizes;
+  };
+  const std::set<int64_t> have = row_sizes(from);
+  bool rows_kept = true;
+  for (int64_t size : row_sizes(to)) rows_kept &= have.count(size) != 0;
+  std::vector<int> pending = {out};
+  while (!pending.empty()) {
+    const int v = pending.back();
+    pending.pop_back();
+    if (ctx.is_output(v)) return false;
+    for (int c : ctx.consumers(v)) {
+      const ir::Node& reader = g.nodes()[static_cast<size_t>(c)];
+      if (is_view_op(reader.op)) {
+        pending.push_back(reader.outputs.at(0));
+      } else if (reader.op == kConvNhwc || (is_gemm_op(reader.op) && !rows_kept)) {
+        return false;
+      }
+    }
+  }
   return true;
 }
 
@@ -373,7 +414,8 @@ KILN_REGISTER_OPS(layout) {
       const engine::DType dtype = g.value(n.outputs.at(0)).dtype;
       std::vector<PointwisePlan> pieces =
           plan_layout_from(g, n, [&](int id) { return source_through_chain(ctx, id, dtype); });
-      if (pieces.size() == 1 && n.outputs.size() == 1 && piece_keeps_order(g, pieces[0])) {
+      if (pieces.size() == 1 && n.outputs.size() == 1 && piece_keeps_order(g, pieces[0]) &&
+          alias_keeps_shapes(ctx, n.outputs[0], pieces[0].inputs[0])) {
         ctx.alias(n.outputs[0], pieces[0].inputs[0]);
         return;
       }

@@ -30,6 +30,13 @@ int add1(ir::Graph& g, const std::string& op, const std::string& name, std::vect
   return g.nodes()[static_cast<size_t>(n)].outputs[0];
 }
 
+// Attributes of a convolution with stride.size() (1 or 2) spatial dims.
+std::map<std::string, ir::Attr> conv_attrs(Shape stride, Shape pad, int64_t groups = 1, Shape dilation = {}) {
+  if (dilation.empty()) dilation = Shape(stride.size(), 1);
+  return {{"stride", stride},    {"padding", pad},   {"dilation", dilation}, {"transposed", false},
+          {"output_padding", Shape(stride.size(), 0)}, {"groups", groups}};
+}
+
 // Runs a float32 plan made of layout kernels and GEMMs on the CPU; returns
 // the graph's first output.
 std::vector<float> run_plan(const ir::Graph& g, const passes::ExecPlan& plan, const std::vector<float>& x) {
@@ -189,6 +196,53 @@ TEST_F(LayoutChain, LayoutChainsThatCancelAreAliases) {
   for (int64_t j = 0; j < 12; ++j)
     for (int64_t i = 0; i < 2; ++i) want.push_back(yin[static_cast<size_t>(i * 12 + (j % 3) * 4 + j / 3)]);
   expect_close(run_plan(h, hp, yin), want);
+}
+
+// The engine describes a storage by one shape and checks it where a
+// convolution or a GEMM reads: a chain that keeps its source's element order
+// but not its shape is one kernel, not an alias, when such a step reads it.
+TEST_F(LayoutChain, AliasesKeepTheShapesConvolutionsAndGemmsRead) {
+  // Tokens [n, h*w, c] back to an image for a conv (PVT, SegFormer): the
+  // conv's NHWC input has the tokens' order but not their shape.
+  {
+    ir::Graph g;
+    const int x = g.add_input("x", DType::kFloat32, {2, 16, 8});
+    int t = add1(g, "aten.relu.default", "tokens", {x}, {}, {2, 16, 8});
+    t = add1(g, "aten.transpose_copy.int", "t", {t}, {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}}, {2, 8, 16});
+    t = add1(g, "aten.view_copy.default", "image", {t}, {{"size", Shape{2, 8, 4, 4}}}, {2, 8, 4, 4});
+    const int w = g.add_constant("w", DType::kFloat32, {8, 8, 3, 3}, random(8 * 8 * 9));
+    g.set_outputs({add1(g, "aten.convolution.default", "conv", {t, w}, conv_attrs({1, 1}, {1, 1}), {2, 8, 4, 4})});
+    EXPECT_NO_THROW(compiler::compile_graph(g, {}));
+    engine::EngineDesc d = compiler::compile_to_desc(g, {});
+    std::vector<std::string> labels;
+    for (const auto& step : d.steps) labels.push_back(step.label);
+    EXPECT_EQ(labels, (std::vector<std::string>{"relu", "permute_copy", "conv", "permute_copy"}))
+        << "the transpose and the NHWC permute in one kernel";
+  }
+  // The same for a 1-D conv after [n, l, c] -> [n, c, l] (Conformer).
+  {
+    ir::Graph g;
+    const int x = g.add_input("x", DType::kFloat32, {2, 12, 8});
+    int t = add1(g, "aten.relu.default", "seq", {x}, {}, {2, 12, 8});
+    t = add1(g, "aten.transpose_copy.int", "t", {t}, {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}}, {2, 8, 12});
+    const int w = g.add_constant("w", DType::kFloat32, {8, 8, 3}, random(8 * 8 * 3));
+    g.set_outputs({add1(g, "aten.convolution.default", "conv", {t, w}, conv_attrs({1}, {1}), {2, 8, 12})});
+    EXPECT_NO_THROW(compiler::compile_graph(g, {}));
+  }
+  // A GEMM reading rows of 4 from a chain over a [2, 12] storage.
+  {
+    ir::Graph g;
+    const int x = g.add_input("x", DType::kFloat32, {2, 12});
+    int t = add1(g, "aten.relu.default", "r", {x}, {}, {2, 12});
+    t = add1(g, "aten.view_copy.default", "v", {t}, {{"size", Shape{2, 3, 4}}}, {2, 3, 4});
+    t = add1(g, "aten.permute_copy.default", "p1", {t}, {{"dims", Shape{0, 2, 1}}}, {2, 4, 3});
+    t = add1(g, "aten.permute_copy.default", "p2", {t}, {{"dims", Shape{0, 2, 1}}}, {2, 3, 4});
+    const int w = g.add_constant("w", DType::kFloat32, {5, 4}, random(20));
+    g.set_outputs({add1(g, "aten.linear.default", "fc", {t, w}, {}, {2, 3, 5})});
+    EXPECT_NO_THROW(compiler::compile_graph(g, {}));
+    passes::ExecPlan plan = passes::fuse(g);
+    EXPECT_EQ(count_plans(plan, "permute_copy"), 1u) << "one copy, not two permutes";
+  }
 }
 
 }  // namespace
