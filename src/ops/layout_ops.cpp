@@ -118,7 +118,8 @@ Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
 bool piece_keeps_order(const ir::Graph& graph, const PointwisePlan& p) {
   const ir::Value& in = graph.value(p.inputs.at(0));
   const ir::Value& out = graph.value(p.out);
-  if (in.dtype != out.dtype || in.numel() != out.numel() || p.input_map.base != 0 || p.output_map.base != 0) return false;
+  if (in.dtype != out.dtype || in.numel() != out.numel()) return false;
+  if (p.input_map.base != 0 || p.output_map.base != 0) return false;
   if (!p.iter_shape.empty() && p.iter_shape != out.shape) return false;
   const std::vector<int64_t> own = ir::contiguous_strides(out.shape);
   if (p.input_map.coef.size() != own.size() || (!p.output_map.coef.empty() && p.output_map.coef != own)) return false;
