@@ -174,7 +174,9 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         added for the newest so newer GPUs can JIT it.
       use_cuda_graphs: baked into the engines; None leaves it to the runtime.
       conv_gemm: 1x1 convolutions as cuBLASLt GEMMs: "all" (strided ones
-        through a gather kernel), "unstrided" or "none" (all on cuDNN).
+        through a gather kernel, and so are convolutions whose kernel equals
+        their stride, e.g. ViT's patch embedding), "unstrided" or "none" (all
+        on cuDNN).
       depthwise_kernels: depthwise convolutions as generated kernels with the
         activation after them fused in (False: cuDNN).
       debug_dir: when given, the IR after every compiler pass is written to

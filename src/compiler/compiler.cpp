@@ -239,6 +239,10 @@ const std::vector<Pass>& passes() {
        [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::merge_common_subexpressions(s.graph); }},
       {"fold_batch_norm",
        [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::fold_batch_norm(s.graph); }},
+      {"patchify_conv",
+       [](PassState& s, const CompileOptions& o, engine::DType) {
+         s.graph = passes::patchify_convolutions(s.graph, o.op_options);
+       }},
       {"channels_last",
        [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::to_channels_last(s.graph); }},
       // permutes/views of constants the layout pass made

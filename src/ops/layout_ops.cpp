@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <set>
 #include <variant>
 
+#include "ops/conv_ops.h"
+#include "ops/gemm_ops.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
 
@@ -32,6 +36,139 @@ PointwisePlan piece(int input, int out, std::vector<int64_t> iter_shape, AffineM
   p.output_map = std::move(out_map);
   return p;
 }
+
+// Where a layout kernel reads one of its inputs: element `offset` +
+// sum(index_j * strides[j]) of `value`'s storage, over the dims of that input.
+struct Source {
+  int value = -1;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;
+};
+
+Source contiguous_source(const ir::Value& v) { return {v.id, 0, ir::contiguous_strides(v.shape)}; }
+
+constexpr const char* kSlice = "aten.slice_copy.Tensor";
+constexpr const char* kSelect = "aten.select_copy.int";
+
+// The farthest storage a layout node can read its input `value` from: back
+// through the views, permutes, slices and selects that made it, as long as
+// each result on the way is read only by the next (so the kernels computing
+// them lose their only reader and fusion drops them), keeps `dtype` (a
+// float16 permute of a float32 input converts once, either way), and each
+// step can be described by strides (a view that would need a copy ends it:
+// the kernel reads that view's own storage). permute -> view -> permute
+// around a matrix product (a patch embedding's NCHW result read back as
+// tokens) so becomes one kernel, or none where the result is the source's
+// own order.
+Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
+  const ir::Graph& g = ctx.graph();
+  std::vector<int> chain;  // producer nodes, nearest first
+  int root = value;
+  for (;;) {
+    const ir::Value& v = g.value(root);
+    if (v.producer < 0 || v.dtype != dtype || ctx.is_output(root) || ctx.consumers(root).size() != 1) break;
+    const ir::Node& p = g.nodes()[static_cast<size_t>(v.producer)];
+    if (ctx.absorbed(v.producer) || p.inputs.size() != 1 || p.outputs.size() != 1) break;
+    if (!is_view_op(p.op) && !is_constant_permute_op(p.op) && p.op != kSlice && p.op != kSelect) break;
+    chain.push_back(v.producer);
+    root = p.inputs[0];
+  }
+  Source s = contiguous_source(g.value(root));
+  std::vector<int64_t> shape = g.value(root).shape;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const ir::Node& p = g.nodes()[static_cast<size_t>(*it)];
+    const ir::Value& out = g.value(p.outputs[0]);
+    if (is_view_op(p.op)) {
+      if (auto st = view_strides(shape, s.strides, out.shape)) {
+        s.strides = *st;
+      } else {
+        s = contiguous_source(out);
+      }
+    } else if (is_constant_permute_op(p.op)) {
+      std::vector<int64_t> st;
+      for (int64_t a : permutation_of(p, shape.size())) st.push_back(s.strides[static_cast<size_t>(a)]);
+      s.strides = st;
+    } else {
+      const size_t d = static_cast<size_t>(normalize_dim(p.int_attr("dim", 0), shape.size(), p));
+      if (p.op == kSlice) {
+        int64_t start = p.int_attr("start", 0);
+        if (start < 0) start += shape[d];
+        start = std::min(std::max<int64_t>(start, 0), shape[d]);
+        s.offset += start * s.strides[d];
+        s.strides[d] *= p.int_attr("step", 1);
+      } else {
+        int64_t index = p.int_attr("index", 0);
+        if (index < -shape[d] || index >= shape[d])
+          throw CompileError("node '" + p.name + "': index " + std::to_string(index) + " out of range for size " +
+                             std::to_string(shape[d]));
+        if (index < 0) index += shape[d];
+        s.offset += index * s.strides[d];
+        s.strides.erase(s.strides.begin() + static_cast<std::ptrdiff_t>(d));
+      }
+    }
+    shape = out.shape;
+    if (s.strides.size() != shape.size())
+      throw CompileError("internal: node '" + p.name + "': strides do not match its output's rank");
+  }
+  return s;
+}
+
+// Whether a layout piece writes its output in the order it reads its
+// source's storage, from its start and without gaps: an alias, not a kernel.
+bool piece_keeps_order(const ir::Graph& graph, const PointwisePlan& p) {
+  const ir::Value& in = graph.value(p.inputs.at(0));
+  const ir::Value& out = graph.value(p.out);
+  if (in.dtype != out.dtype || in.numel() != out.numel()) return false;
+  if (p.input_map.base != 0 || p.output_map.base != 0) return false;
+  if (!p.iter_shape.empty() && p.iter_shape != out.shape) return false;
+  const std::vector<int64_t> own = ir::contiguous_strides(out.shape);
+  if (p.input_map.coef.size() != own.size() || (!p.output_map.coef.empty() && p.output_map.coef != own)) return false;
+  for (size_t j = 0; j < own.size(); ++j)
+    if (out.shape[j] != 1 && p.input_map.coef[j] != own[j]) return false;
+  return true;
+}
+
+// Whether `out` (a layout result in the element order of `root`) may alias
+// root's storage. The engine describes a storage by one shape, root's, and
+// checks it where a convolution reads (the exact shape) and where a GEMM
+// reads (some trailing dims make one row, step_check.cpp): where `out` has
+// another shape, no convolution may read it (or a view of it), a GEMM only
+// if root's rows are out's, and it must not be a graph output (whose shape
+// the storage would take).
+bool alias_keeps_shapes(PlanContext& ctx, int out, int root) {
+  const ir::Graph& g = ctx.graph();
+  const std::vector<int64_t>& from = g.value(root).shape;
+  const std::vector<int64_t>& to = g.value(out).shape;
+  if (from == to) return true;
+  auto row_sizes = [](const std::vector<int64_t>& shape) {
+    std::set<int64_t> sizes;
+    int64_t size = 1;
+    for (size_t d = shape.size(); d-- > 0;) sizes.insert(size *= shape[d]);
+    return sizes;
+  };
+  const std::set<int64_t> have = row_sizes(from);
+  bool rows_kept = true;
+  for (int64_t size : row_sizes(to)) rows_kept &= have.count(size) != 0;
+  std::vector<int> pending = {out};
+  while (!pending.empty()) {
+    const int v = pending.back();
+    pending.pop_back();
+    if (ctx.is_output(v)) return false;
+    for (int c : ctx.consumers(v)) {
+      const ir::Node& reader = g.nodes()[static_cast<size_t>(c)];
+      if (is_view_op(reader.op)) {
+        pending.push_back(reader.outputs.at(0));
+      } else if (reader.op == kConvNhwc || (is_gemm_op(reader.op) && !rows_kept)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The layout kernels computing `node`, each input read through `source`.
+std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::Node& node,
+                                            const std::function<Source(int)>& source);
 
 }  // namespace
 
@@ -117,15 +254,24 @@ std::string check_layout(const OpQuery& q) {
 }
 
 std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node) {
+  return plan_layout_from(graph, node, [&](int id) { return contiguous_source(graph.value(id)); });
+}
+
+namespace {
+
+std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::Node& node,
+                                            const std::function<Source(int)>& source) {
   const ir::Value& in = graph.value(node.inputs.at(0));
-  const std::vector<int64_t> in_strides = ir::contiguous_strides(in.shape);
   const std::string& op = node.op;
+  // as_strided's strides address the input's storage itself.
+  const Source src = op == "aten.as_strided_copy.default" ? contiguous_source(in) : source(in.id);
+  const std::vector<int64_t>& in_strides = src.strides;
   if (is_constant_permute_op(op)) {  // of an activation (weights are folded)
     std::vector<int64_t> perm = permutation_of(node, in.shape.size());
-    AffineMap map;
+    AffineMap map{src.offset, {}};
     for (int64_t p : perm) map.coef.push_back(in_strides[static_cast<size_t>(p)]);
     const ir::Value& out = graph.value(node.outputs[0]);
-    return {piece(in.id, out.id, out.shape, map, contiguous(out.shape))};
+    return {piece(src.value, out.id, out.shape, map, contiguous(out.shape))};
   }
   if (op == "aten.slice_copy.Tensor") {
     const ir::Value& out = graph.value(node.outputs[0]);
@@ -135,11 +281,11 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
     if (start < 0) start += size;
     start = std::min(std::max<int64_t>(start, 0), size);
     int64_t step = node.int_attr("step", 1);
-    AffineMap map{start * in_strides[static_cast<size_t>(d)], in_strides};
+    AffineMap map{src.offset + start * in_strides[static_cast<size_t>(d)], in_strides};
     map.coef[static_cast<size_t>(d)] *= step;
     if (out.shape.size() != in.shape.size())
       throw CompileError("node '" + node.name + "': slice output rank differs from its input's");
-    return {piece(in.id, out.id, out.shape, map, contiguous(out.shape))};
+    return {piece(src.value, out.id, out.shape, map, contiguous(out.shape))};
   }
   if (op == "aten.select_copy.int") {
     const ir::Value& out = graph.value(node.outputs[0]);
@@ -150,10 +296,10 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
       throw CompileError("node '" + node.name + "': index " + std::to_string(index) + " out of range for size " +
                          std::to_string(size));
     if (index < 0) index += size;
-    AffineMap map{index * in_strides[static_cast<size_t>(d)], {}};
+    AffineMap map{src.offset + index * in_strides[static_cast<size_t>(d)], {}};
     for (size_t j = 0; j < in.shape.size(); ++j)
       if (static_cast<int64_t>(j) != d) map.coef.push_back(in_strides[j]);
-    return {piece(in.id, out.id, out.shape, map, contiguous(out.shape))};
+    return {piece(src.value, out.id, out.shape, map, contiguous(out.shape))};
   }
   if (op == "aten.repeat.default") {
     const ir::Value& out = graph.value(node.outputs[0]);
@@ -163,7 +309,7 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
     const std::vector<int64_t> out_strides = ir::contiguous_strides(out.shape);
     const size_t lead = repeats.size() - in.shape.size();
     std::vector<int64_t> iter;
-    AffineMap read, write;
+    AffineMap read{src.offset, {}}, write;
     for (size_t j = 0; j < repeats.size(); ++j) {
       const int64_t s = j < lead ? 1 : in.shape[j - lead];
       if (repeats[j] * s != out.shape[j])
@@ -172,7 +318,7 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
       read.coef.insert(read.coef.end(), {0, j < lead ? 0 : in_strides[j - lead]});
       write.coef.insert(write.coef.end(), {s * out_strides[j], out_strides[j]});
     }
-    return {piece(in.id, out.id, iter, read, write)};
+    return {piece(src.value, out.id, iter, read, write)};
   }
   if (op == "aten.as_strided_copy.default") {
     const ir::Value& out = graph.value(node.outputs[0]);
@@ -194,7 +340,8 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
         throw CompileError("node '" + node.name + "': cat input '" + part.name + "' has rank " +
                            std::to_string(part.shape.size()) + ", output has " + std::to_string(out.shape.size()));
       AffineMap write{offset * out_strides[static_cast<size_t>(d)], out_strides};
-      pieces.push_back(piece(id, out.id, part.shape, contiguous(part.shape), write));
+      const Source part_src = source(id);
+      pieces.push_back(piece(part_src.value, out.id, part.shape, {part_src.offset, part_src.strides}, write));
       offset += part.shape[static_cast<size_t>(d)];
     }
     if (offset != out.shape[static_cast<size_t>(d)])
@@ -208,8 +355,8 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
   int64_t offset = 0;
   for (int id : node.outputs) {
     const ir::Value& out = graph.value(id);
-    AffineMap read{offset * in_strides[static_cast<size_t>(d)], in_strides};
-    pieces.push_back(piece(in.id, id, out.shape, read, contiguous(out.shape)));
+    AffineMap read{src.offset + offset * in_strides[static_cast<size_t>(d)], in_strides};
+    pieces.push_back(piece(src.value, id, out.shape, read, contiguous(out.shape)));
     offset += out.shape.at(static_cast<size_t>(d));
   }
   if (offset != in.shape[static_cast<size_t>(d)])
@@ -218,27 +365,7 @@ std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& n
   return pieces;
 }
 
-bool layout_keeps_order(const ir::Graph& graph, const ir::Node& node) {
-  if (node.inputs.size() != 1 || node.outputs.size() != 1) return false;
-  const ir::Value& in = graph.value(node.inputs[0]);
-  const ir::Value& out = graph.value(node.outputs[0]);
-  if (in.dtype != out.dtype || in.numel() != out.numel()) return false;
-  std::vector<int64_t> shape, coef;  // the output's dims and the input strides they walk
-  if (is_constant_permute_op(node.op)) {
-    const std::vector<int64_t> strides = ir::contiguous_strides(in.shape);
-    for (int64_t p : permutation_of(node, in.shape.size())) coef.push_back(strides[static_cast<size_t>(p)]);
-  } else if (node.op == "aten.as_strided_copy.default") {
-    if (node.int_attr("storage_offset", 0) != 0) return false;
-    coef = node.ints_attr("stride");
-  } else {
-    return false;
-  }
-  if (coef.size() != out.shape.size()) return false;
-  const std::vector<int64_t> own = ir::contiguous_strides(out.shape);
-  for (size_t j = 0; j < coef.size(); ++j)
-    if (out.shape[j] != 1 && coef[j] != own[j]) return false;
-  return true;
-}
+}  // namespace
 
 std::vector<uint8_t> evaluate_layout(const ir::Graph& graph, const ir::Node& node, const ir::Value& in) {
   std::vector<PointwisePlan> pieces = plan_layout(graph, node);
@@ -270,7 +397,8 @@ std::vector<uint8_t> evaluate_layout(const ir::Graph& graph, const ir::Node& nod
 
 // Permutes of constants are folded at export (passes/fold_constants.cpp), and
 // so are repeats and as_strided of constants; what reaches fusion becomes
-// layout kernels, one per piece, or an alias where the order is kept.
+// layout kernels, one per piece, reading through the layout chain before it
+// (source_through_chain), or an alias where the order is kept.
 KILN_REGISTER_OPS(layout) {
   for (const char* name : {"aten.permute_copy.default", "aten.permute.default", "aten.t_copy.default", "aten.t.default",
                            "aten.transpose_copy.int", "aten.slice_copy.Tensor", "aten.select_copy.int",
@@ -282,13 +410,18 @@ KILN_REGISTER_OPS(layout) {
     def.check = check_layout;
     def.any_dtype = true;  // moves elements: int64 ids, int32 and bool masks too
     def.plan = [](PlanContext& ctx, int node) {
-      const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
-      if (layout_keeps_order(ctx.graph(), n)) {
-        ctx.alias(n.outputs[0], n.inputs[0]);
+      const ir::Graph& g = ctx.graph();
+      const ir::Node& n = g.nodes()[static_cast<size_t>(node)];
+      const engine::DType dtype = g.value(n.outputs.at(0)).dtype;
+      std::vector<PointwisePlan> pieces =
+          plan_layout_from(g, n, [&](int id) { return source_through_chain(ctx, id, dtype); });
+      if (pieces.size() == 1 && n.outputs.size() == 1 && piece_keeps_order(g, pieces[0]) &&
+          alias_keeps_shapes(ctx, n.outputs[0], pieces[0].inputs[0])) {
+        ctx.alias(n.outputs[0], pieces[0].inputs[0]);
         return;
       }
       const std::string label = n.op.substr(5, n.op.find('.', 5) - 5);  // "aten.cat.default" -> "cat"
-      for (PointwisePlan& piece : plan_layout(ctx.graph(), n)) ctx.emit(PlannedOp(label, std::move(piece)));
+      for (PointwisePlan& piece : pieces) ctx.emit(PlannedOp(label, std::move(piece)));
     };
     register_op(std::move(def));
   }

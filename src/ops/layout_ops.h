@@ -3,7 +3,9 @@
 // one or more layout kernels (an affine read and an affine write, see
 // passes/exec_plan.h), or aliases its input where it keeps the element order
 // (a permute that moves only size-1 dims, an as_strided with the input's own
-// strides). Of constants they are evaluated at export.
+// strides). A kernel reads through the views, permutes, slices and selects
+// before it whose results nothing else reads, so a chain of them is one
+// kernel (or an alias). Of constants they are evaluated at export.
 #pragma once
 
 #include <string>
@@ -22,10 +24,6 @@ std::string check_layout(const OpQuery& query);
 
 // The layout kernels computing `node` (cat and split give one per piece).
 std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node);
-
-// Whether `node` only reinterprets its input's storage (same elements in the
-// same order, same dtype): fusion aliases the output instead of a kernel.
-bool layout_keeps_order(const ir::Graph& graph, const ir::Node& node);
 
 // The bytes of `node`'s output when its input is the constant `in`,
 // computed through its layout plan (one piece; repeat, as_strided).

@@ -9,7 +9,9 @@ namespace kiln::ops {
 
 struct OpOptions {
   // 1x1 convolutions as cuBLASLt GEMMs: "all" (strided ones through a gather
-  // kernel), "unstrided" (stride 1 only) or "none" (every conv on cuDNN).
+  // kernel, and so are convolutions whose kernel equals their stride, see
+  // passes/patchify_conv.cpp), "unstrided" (stride 1 only) or "none" (every
+  // conv on cuDNN).
   enum class ConvGemm { kAll, kUnstrided, kNone } conv_gemm = ConvGemm::kAll;
   // Depthwise convolutions as generated NHWC kernels with the elementwise
   // chain after them fused in; false keeps them on cuDNN.

@@ -26,6 +26,15 @@ ir::Graph merge_common_subexpressions(const ir::Graph& graph);
 // per-channel multiply-add. Runs before precision, so folding is exact.
 ir::Graph fold_batch_norm(const ir::Graph& graph);
 
+// 2-D convolutions whose kernel equals their stride (patch embeddings: ViT's
+// 16x16/16, ConvNeXt's stem) become a gather of the patches and one GEMM
+// instead of cuDNN's strided convolution (vit_b_16's patch embedding took
+// 60-90 us there on an H200), when options.conv_gemm is "all"
+// (patchify_conv.cpp). Runs after fold_batch_norm (it keeps the folded bias)
+// and before channels_last (which then cancels its layout permutes inside
+// conv stacks).
+ir::Graph patchify_convolutions(const ir::Graph& graph, const ops::OpOptions& options = {});
+
 // Rewrites 2-D convolutions and pooling into channels-last (NHWC) forms and
 // carries the NHWC layout through layout-agnostic ops so that layout kernels
 // remain only where a consumer needs NCHW (see channels_last.cpp).
