@@ -35,6 +35,35 @@ std::vector<uint8_t> permute_constant_data(const ir::Value& in, const std::vecto
   return out;
 }
 
+namespace {
+
+// Expanded constants are stored whole, so only small ones are folded.
+constexpr size_t kMaxExpandedBytes = size_t{4} << 20;
+
+std::vector<uint8_t> broadcast_constant_data(const ir::Value& in, const std::vector<int64_t>& out_shape) {
+  const size_t rank = out_shape.size(), lead = rank - in.shape.size();
+  const size_t elem = engine::dtype_size(in.dtype);
+  const std::vector<int64_t> in_strides = ir::contiguous_strides(in.shape);
+  std::vector<int64_t> src_strides(rank, 0);  // 0 along broadcast dims
+  for (size_t j = lead; j < rank; ++j)
+    if (in.shape[j - lead] != 1) src_strides[j] = in_strides[j - lead];
+  const int64_t count = ir::numel_of(out_shape);
+  std::vector<uint8_t> out(static_cast<size_t>(count) * elem);
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t src = 0;
+    for (size_t j = 0; j < rank; ++j) src += idx[j] * src_strides[j];
+    std::memcpy(out.data() + static_cast<size_t>(i) * elem, in.data.data() + static_cast<size_t>(src) * elem, elem);
+    for (size_t j = rank; j-- > 0;) {
+      if (++idx[j] < out_shape[j]) break;
+      idx[j] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void fold_constants(ir::Graph& graph) {
   for (ir::Node& node : graph.nodes()) {
     if (node.inputs.size() != 1 || node.outputs.size() != 1) continue;
@@ -53,6 +82,17 @@ void fold_constants(ir::Graph& graph) {
       std::vector<uint8_t> data = ops::evaluate_layout(graph, node, graph.value(node.inputs[0]));
       ir::Value& out = graph.value(node.outputs[0]);
       out.data = std::move(data);
+      out.is_constant = true;
+      out.producer = -1;
+      node.op = "kiln.folded";
+      continue;
+    }
+    if (node.op == "aten.expand_copy.default" && graph.value(node.inputs[0]).is_constant &&
+        graph.value(node.outputs[0]).nbytes() <= kMaxExpandedBytes) {
+      // A broadcast constant (ViT's class token expanded over the batch).
+      const ir::Value& in = graph.value(node.inputs[0]);
+      ir::Value& out = graph.value(node.outputs[0]);
+      out.data = broadcast_constant_data(in, out.shape);
       out.is_constant = true;
       out.producer = -1;
       node.op = "kiln.folded";

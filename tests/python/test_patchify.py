@@ -56,10 +56,11 @@ def test_vit_patch_embedding_is_a_gather_and_a_gemm(batch, precision, tmp_path):
     # The gather reads the image itself (float32 in, the compute dtype out);
     # the permute back to NCHW, the model's view [n, 32, 16] and permute to
     # tokens [n, 16, 32] are the GEMM's own row order: no kernel until the
-    # class token is concatenated.
+    # class token is concatenated. The class token expanded over the batch
+    # is a constant (folded at export: passes/fold_constants.cpp).
     assert steps[0][0] == "permute_copy" and steps[0][2] == ["x"], steps
-    assert labels[: labels.index("layer_norm")] == ["permute_copy", "linear", "expand_copy", "cat", "cat", "add"]
-    assert steps[4][2] == [steps[1][1]], "the tokens' piece of the cat reads the GEMM's output"
+    assert labels[: labels.index("layer_norm")] == ["permute_copy", "linear", "cat", "cat", "add"]
+    assert steps[3][2] == [steps[1][1]], "the tokens' piece of the cat reads the GEMM's output"
 
 
 def test_bare_patch_conv(tmp_path):
