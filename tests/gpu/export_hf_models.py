@@ -183,7 +183,7 @@ def export_program(name: str, dtype: str, batch: int, trials: int, size: str, ou
         "trials": entry_trials,
         "weight_seed": hf_models.DEFAULT_SEED, "checksum": hf_models.checksum(model),
         "parameters": hf_models.parameter_count(model),
-        "config": {k: v for k, v in model_config(model).items()},
+        "config": model_config(model),
         "delegates": list(compiled.delegates), "cpu_fallback_ops": n_cpu, "cpu_ops": cpu_ops,
         "export_s": round(export_s, 2), "pte_bytes": pte.stat().st_size, "target_sms": list(target_sms),
         "torch": torch.__version__, "transformers": _transformers_version(),
@@ -253,7 +253,8 @@ def write_group(group: str, programs, size: str, out: Path, trials: int | None, 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="carry folder (e.g. .gpu_carry); one subfolder per group")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="carry folder (e.g. .gpu_carry); one subfolder per group")
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
     parser.add_argument("--dtypes", default="", help="only these dtypes (e.g. float16,bfloat16); default all")
     parser.add_argument("--trials", type=int, help="trials per program (default: the group's, 2 or 1)")
@@ -282,7 +283,8 @@ def main(argv=None) -> int:
         written.append(write_group(g, programs, args.size, args.out, args.trials, target_sms,
                                    args.allow_cpu_fallback, args.keep_pte))
     for w in written:
-        names = ", ".join(f"{e['name']} ({e['export_s']:.0f} s, {e['pte_bytes'] / 2**20:.0f} MiB)" for e in w["entries"])
+        names = ", ".join(f"{e['name']} ({e['export_s']:.0f} s, {e['pte_bytes'] / 2**20:.0f} MiB)"
+                          for e in w["entries"])
         print(f"group {args.out / w['group']}: {w['bytes'] / 2**20:.2f} MiB: {names}")
     return 0
 

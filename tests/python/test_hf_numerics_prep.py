@@ -174,7 +174,8 @@ def test_gpu_side_check_passes_matching_outputs_and_fails_perturbed_ones(tiny_gr
     (result,) = reference_groups.check_entry(entry, runner, tmp_path / "work", log)
     assert result["ok"], result
     assert result["seed"] == trial["seed"] and result["median_ms"] == 1.25
-    assert reference_groups.result_line(entry, result).startswith("PASS  hf_llama_fp16_b1")
+    line = reference_groups.result_line(entry, result)
+    assert line.startswith("PASS  hf_llama_fp16_b1") and "(torch float16 on the CPU: " in line
 
     wrong = [reference[0] * 1.05, reference[1]]  # 5% off: over 1e-2
     tensor_file.save(outputs, [r.astype(np.float16) for r in wrong])
@@ -182,6 +183,8 @@ def test_gpu_side_check_passes_matching_outputs_and_fails_perturbed_ones(tiny_gr
     assert not result["ok"] and 4e-2 < result["rel_err"][0] < 6e-2
     line = reference_groups.result_line(entry, result)
     assert line.startswith("FAIL") and "rtol 0.01" in line and "logits_last4" in line
+    (result,) = reference_groups.check_entry(entry, runner, tmp_path / "work", log, rtol=0.1)  # --reference-rtol
+    assert result["ok"] and result["rtol"] == 0.1
 
     tensor_file.save(outputs, reference)  # float32 where the program returns float16
     (result,) = reference_groups.check_entry(entry, runner, tmp_path / "work", log)
