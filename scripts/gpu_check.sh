@@ -6,7 +6,8 @@
 # Parts whose carried files are absent are skipped: one call carries at most
 # 64 MiB, so carry executorch_sdk + COMMIT with either models/ (the sample
 # MLPs, 47 MB) or conformance/ + vision_* (about 25 MB); see docs/benchmarks.md.
-# KILN_SKIP_VISION=1 skips the vision models' numerics even when carried.
+# KILN_SKIP_VISION=1 skips the vision models' numerics even when carried;
+# KILN_SKIP_REFERENCE=1 the reference groups (hf_bert, hf_llama) likewise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${KILN_GPU_BUNDLE:-.gpu_carry}
@@ -32,11 +33,17 @@ vision_args=()
 if [ "${KILN_SKIP_VISION:-0}" != 1 ] && ls "$bundle"/vision_*/manifest_vision.json >/dev/null 2>&1; then
   vision_args=(--vision "$bundle")
 fi
-if [ -d "$bundle/models" ] || [ -d "$bundle/conformance" ] || ((${#vision_args[@]})); then
+# Reference groups (tests/gpu/export_hf_models.py: hf_bert, hf_llama): PyTorch's
+# outputs were computed on the CPU machine and carried.
+reference_args=()
+if [ "${KILN_SKIP_REFERENCE:-0}" != 1 ] && ls "$bundle"/*/manifest_reference.json >/dev/null 2>&1; then
+  reference_args=(--reference-groups "$bundle")
+fi
+if [ -d "$bundle/models" ] || [ -d "$bundle/conformance" ] || ((${#vision_args[@]})) || ((${#reference_args[@]})); then
   PYTHONUNBUFFERED=1 python3 tests/gpu/run_gpu_tests.py --models "$bundle/models" "$bundle/conformance" "${vision_args[@]}" \
-    --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@" || gpu_tests_failed=1
+    "${reference_args[@]}" --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" "$@" || gpu_tests_failed=1
 else
-  echo "no $bundle/models, $bundle/conformance or $bundle/vision_*: GPU model tests skipped"
+  echo "no $bundle/models, $bundle/conformance, $bundle/vision_* or reference groups: GPU model tests skipped"
 fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"

@@ -12,6 +12,15 @@ float32, cast to float16 (so the reference is not itself degraded by fp16
 arithmetic); PyTorch's own float16 error against it is printed beside
 Kiln's, for scale.
 
+Reference groups (--reference-groups: folders written by
+tests/gpu/export_hf_models.py, manifest_reference.json + xz archives): models
+that cannot be rebuilt here (Hugging Face transformers is not installed), so
+the CPU machine carried PyTorch's float32 outputs for fixed trials of random
+inputs beside each .pte; kiln_runner runs the carried inputs and
+reference_groups.compare() measures each output's norm-relative error
+against the entry's tolerance. A group named but not here is a FAIL line
+saying so.
+
 For each model in MODELS/manifest.json (written at export time by
 examples/export_mlp.py --gpu-bundle), it rebuilds the PyTorch module from
 examples/sample_models.py with the exported weights, draws FRESH random inputs
@@ -38,6 +47,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import conformance_models  # noqa: E402
+import reference_groups  # noqa: E402
 import sample_models  # noqa: E402
 
 MODULES = {"sample_models": sample_models, "conformance_models": conformance_models}
@@ -186,6 +196,42 @@ def check_bad_inputs(entry, models_dir, runner, work, log):
     return out
 
 
+def check_reference_groups(args, summary, log) -> int:
+    """--reference-groups: every trial of every entry; returns the failures."""
+    if not args.reference_groups:
+        return 0
+    failed = 0
+    groups, missing = reference_groups.find_groups(args.reference_groups)
+    for path in missing:
+        failed += 1
+        summary.append({"check": f"reference group {path}", "ok": False, "detail": "not here"})
+        print(f"FAIL  reference group {path}: not here (no {reference_groups.MANIFEST} in it or in its subfolders); "
+              "export it on the CPU machine with tests/gpu/export_hf_models.py --out .gpu_carry and carry it",
+              flush=True)
+    only = {s for s in args.reference_only.split(",") if s}
+    override = {}
+    for item in getattr(args, "reference_rtol", []):
+        dtype, _, value = item.partition("=")
+        override[dtype] = float(value)
+    for group in groups:
+        try:
+            entries = reference_groups.load_group(group, args.reference_work)
+        except reference_groups.GroupError as e:
+            failed += 1
+            summary.append({"check": f"reference group {group}", "ok": False, "detail": str(e)})
+            print(f"FAIL  reference group {group}: {e}", flush=True)
+            continue
+        for entry in entries:
+            if only and entry["name"] not in only:
+                continue
+            for r in reference_groups.check_entry(entry, args.runner, args.reference_work / "outputs", log,
+                                                  rtol=override.get(entry["dtype"])):
+                failed += not r["ok"]
+                summary.append({"model": entry["name"], "group": group.name, **r})
+                print(reference_groups.result_line(entry, r), flush=True)
+    return failed
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", type=Path, nargs="*", default=[],
@@ -196,10 +242,26 @@ def main():
     parser.add_argument("--vision-work", type=Path, default=ROOT / "out" / "vision_work",
                         help="where vision programs are unpacked and their tensor files written")
     parser.add_argument("--vision-rtol-fp32", type=float, help="override the manifest's float32 tolerance")
+    parser.add_argument("--reference-groups", nargs="*", default=[],
+                        help="reference groups (or folders of them) with manifest_reference.json: programs whose "
+                             "float32 reference was carried (tests/gpu/export_hf_models.py)")
+    parser.add_argument("--reference-only", default="", help="comma-separated entry names to check (default all)")
+    parser.add_argument("--reference-rtol", nargs="*", default=[], metavar="DTYPE=X",
+                        help="override the manifest's tolerance for programs of DTYPE, e.g. bfloat16=2e-2")
+    parser.add_argument("--reference-work", type=Path, default=ROOT / "out" / "reference_work",
+                        help="where reference groups are unpacked and outputs written (not under --out)")
     parser.add_argument("--runner", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
+    for item in args.reference_rtol:
+        dtype, _, value = item.partition("=")
+        try:
+            ok = dtype in DTYPES and float(value) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            parser.error(f"--reference-rtol {item!r}: expected DTYPE=X with DTYPE one of {', '.join(DTYPES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "work"
     work.mkdir(exist_ok=True)
@@ -240,6 +302,7 @@ def main():
                 print(f"{'PASS' if r['ok'] else 'FAIL'}  {entry['name']:<26} seed={r['seed']:<11} "
                       f"rel_err={','.join(r['rel_err'])} (rtol {r.get('rtol')})  kiln_runner median {r['median_ms']:.4f} ms",
                       flush=True)
+        failed += check_reference_groups(args, summary, log)
         for name, ok, detail in (check_bad_inputs(manifest[0], manifest[0]["_dir"], args.runner, work, log) if manifest else []):
             failed += not ok
             summary.append({"check": name, "ok": ok, "detail": detail})
