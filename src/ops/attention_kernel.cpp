@@ -83,59 +83,32 @@ std::string signature(const AttentionPlan& p, const std::string& name, int threa
   return s.str();
 }
 
-struct MmaShape {
-  int warps = 1;   // row groups of 16 query rows per block
-  int splits = 1;  // warps splitting a row group's keys (combined at the end)
-  int key_tile = kMmaKeyTile;
-};
-
-int64_t mma_smem_bytes(const AttentionPlan& p, const MmaShape& m) {
-  const int64_t kv = int64_t{m.splits} * m.key_tile * ((p.head_dim + 8) + (p.value_dim + 8)) * 2;
-  const int64_t reduce = m.splits > 1 ? int64_t{m.splits} * m.warps * 32 * (p.value_dim / 2 + 4) * 4 : 0;
-  return std::max(kv, reduce);
-}
-
-MmaShape mma_shape(const AttentionPlan& p) {
-  // Enough warps to fill an H100-class GPU (132 SMs, two warps each at
-  // least) before making blocks bigger: each warp owns 16 query rows.
+int mma_warps(const AttentionPlan& p) {
+  // Enough blocks to fill an H100-class GPU (132 SMs) before making them
+  // bigger: each warp of a block owns 16 query rows.
   const int64_t pairs = p.batch * p.heads;
-  const int64_t groups = (p.rows + 15) / 16;
   for (int warps : {4, 2})
-    if (pairs * ((p.rows + 16 * warps - 1) / (16 * warps)) >= 264) return {warps, 1, kMmaKeyTile};
-  if (pairs * groups >= 264) return {1, 1, kMmaKeyTile};
-  // Too few warps (BERT or ViT at batch 1: 12 heads x 8-13 row groups):
-  // several warps split each row group's keys, 32-key tiles each, and
-  // combine their partial softmax sums at the end.
-  for (int splits : {4, 2}) {
-    const MmaShape m{1, splits, 32};
-    if (p.keys >= int64_t{splits} * 32 && mma_smem_bytes(p, m) <= 48 * 1024) return m;
-  }
-  return {1, 1, kMmaKeyTile};
+    if (pairs * ((p.rows + 16 * warps - 1) / (16 * warps)) >= 264) return warps;
+  return 1;
 }
 
 void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
-  const MmaShape shape = mma_shape(p);
-  const int warps = shape.warps, splits = shape.splits;
+  const int warps = mma_warps(p);
   const int64_t d = p.head_dim, dv = p.value_dim;
   const bool vec16 = p.offsets[1] % 8 == 0 && p.offsets[2] % 8 == 0 && p.k_strides[0] % 8 == 0 && p.k_strides[1] % 8 == 0 && p.k_strides[2] % 8 == 0 &&
                      p.v_strides[0] % 8 == 0 && p.v_strides[1] % 8 == 0 && p.v_strides[2] % 8 == 0;
   const char* mma = p.dtype == engine::DType::kBFloat16 ? "kiln_mma_bf16" : "kiln_mma_f16";
   const char* pack = p.dtype == engine::DType::kBFloat16 ? "kiln_pack_bf16x2" : "kiln_pack_f16x2";
   const int64_t block_rows = 16 * warps;
-  // Warp w: row group w % kW, key split w / kW (its own K/V tiles, keys
-  // n0 = split * kBN + i * kS * kBN).
-  s << signature(p, name, 32 * warps * splits) << " {\n"
-    << "  constexpr int kD = " << d << ", kDv = " << dv << ", kBN = " << shape.key_tile << ";\n"
-    << "  constexpr int kW = " << warps << ", kS = " << splits << ";\n"
+  s << signature(p, name, 32 * warps) << " {\n"
+    << "  constexpr int kD = " << d << ", kDv = " << dv << ", kBN = " << kMmaKeyTile << ";\n"
     << "  constexpr int kKs = kD + 8, kVs = kDv + 8;  // padded rows: conflict-free fragment loads\n"
     << "  constexpr long long kRows = " << ll(p.rows) << ", kKeys = " << ll(p.keys) << ";\n"
-    << "  __shared__ __align__(16) unsigned char smem[" << mma_smem_bytes(p, shape) << "];\n"
-    << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;\n"
-    << "  const int split = warp / kW, tid = threadIdx.x - split * 32 * kW;\n"
-    << "  unsigned short* ks = (unsigned short*)smem + split * kBN * (kKs + kVs);\n"
-    << "  unsigned short* vs = ks + kBN * kKs;\n";
+    << "  __shared__ __align__(16) unsigned short ks[kBN * kKs];\n"
+    << "  __shared__ __align__(16) unsigned short vs[kBN * kVs];\n"
+    << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;\n";
   emit_bases(s, p);
-  s << "  const long long row0 = (long long)blockIdx.x * " << block_rows << " + (warp % kW) * 16;\n"
+  s << "  const long long row0 = (long long)blockIdx.x * " << block_rows << " + warp * 16;\n"
     << "  // Q as A fragments (16 rows x 16 dims per k-step), straight from memory.\n"
     << "  unsigned qf[kD / 16][4];\n"
     << "  #pragma unroll\n"
@@ -158,16 +131,15 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
   const int vec = vec16 ? 8 : 2;
   const char* vtype = vec16 ? "uint4" : "unsigned";
   const char* vzero = vec16 ? "make_uint4(0u, 0u, 0u, 0u)" : "0u";
-  s << "  for (long long base = 0; base < key_end; base += kS * kBN) {\n"
-    << "    const long long n0 = base + split * kBN;  // tiles past the keys load zeros, score -inf\n"
+  s << "  for (long long n0 = 0; n0 < key_end; n0 += kBN) {\n"
     << "    __syncthreads();\n"
-    << "    for (int c = tid; c < kBN * (kD / " << vec << "); c += 32 * kW) {\n"
+    << "    for (int c = threadIdx.x; c < kBN * (kD / " << vec << "); c += " << 32 * warps << ") {\n"
     << "      const int r = c / (kD / " << vec << "), col = (c % (kD / " << vec << ")) * " << vec << ";\n"
     << "      const long long key = n0 + r;\n"
     << "      *(" << vtype << "*)(ks + r * kKs + col) = key < kKeys ? *(const " << vtype << "*)(kb + key * "
     << ll(p.k_strides[2]) << " + col) : " << vzero << ";\n"
     << "    }\n"
-    << "    for (int c = tid; c < kBN * (kDv / " << vec << "); c += 32 * kW) {\n"
+    << "    for (int c = threadIdx.x; c < kBN * (kDv / " << vec << "); c += " << 32 * warps << ") {\n"
     << "      const int r = c / (kDv / " << vec << "), col = (c % (kDv / " << vec << ")) * " << vec << ";\n"
     << "      const long long key = n0 + r;\n"
     << "      *(" << vtype << "*)(vs + r * kVs + col) = key < kKeys ? *(const " << vtype << "*)(vb + key * "
@@ -238,40 +210,8 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "        " << mma << "(acc[j], a, b0, b1);\n"
     << "      }\n"
     << "    }\n"
-    << "  }\n";
-  if (splits > 1)
-    s << "  // Combine the key splits: each lane holds the same fragment slots in\n"
-      << "  // every split; split 0 rescales the others' sums to its running max.\n"
-      << "  constexpr int kSlot = kDv / 2 + 4;\n"
-      << "  float* red = (float*)smem;\n"
-      << "  __syncthreads();\n"
-      << "  if (split > 0) {\n"
-      << "    float* mine = red + ((split * kW + warp % kW) * 32 + lane) * kSlot;\n"
-      << "    mine[0] = m_run[0]; mine[1] = m_run[1]; mine[2] = l_run[0]; mine[3] = l_run[1];\n"
-      << "    #pragma unroll\n"
-      << "    for (int j = 0; j < kDv / 8; ++j)\n"
-      << "      #pragma unroll\n"
-      << "      for (int e = 0; e < 4; ++e) mine[4 + j * 4 + e] = acc[j][e];\n"
-      << "  }\n"
-      << "  __syncthreads();\n"
-      << "  if (split > 0) return;\n"
-      << "  for (int o = 1; o < kS; ++o) {\n"
-      << "    const float* other = red + ((o * kW + warp % kW) * 32 + lane) * kSlot;\n"
-      << "    #pragma unroll\n"
-      << "    for (int r = 0; r < 2; ++r) {\n"
-      << "      const float m_new = fmaxf(m_run[r], other[r]);\n"
-      << "      const float base = m_new == KILN_NEG_INF ? 0.0f : m_new;\n"
-      << "      const float a = exp2f(m_run[r] - base), b = exp2f(other[r] - base);\n"
-      << "      l_run[r] = l_run[r] * a + other[2 + r] * b;\n"
-      << "      m_run[r] = m_new;\n"
-      << "      #pragma unroll\n"
-      << "      for (int j = 0; j < kDv / 8; ++j) {\n"
-      << "        acc[j][2 * r] = acc[j][2 * r] * a + other[4 + j * 4 + 2 * r] * b;\n"
-      << "        acc[j][2 * r + 1] = acc[j][2 * r + 1] * a + other[4 + j * 4 + 2 * r + 1] * b;\n"
-      << "      }\n"
-      << "    }\n"
-      << "  }\n";
-  s << "  #pragma unroll\n"
+    << "  }\n"
+    << "  #pragma unroll\n"
     << "  for (int r = 0; r < 2; ++r) {\n"
     << "    const long long row = row0 + g + r * 8;\n"
     << "    if (row >= kRows) continue;\n"
@@ -283,7 +223,7 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "  }\n"
     << "}\n";
   k.grid[0] = static_cast<uint32_t>((p.rows + block_rows - 1) / block_rows);
-  k.block = static_cast<uint32_t>(32 * warps * splits);
+  k.block = static_cast<uint32_t>(32 * warps);
 }
 
 void emit_simt(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
