@@ -7,7 +7,8 @@
 #   3. PyTorch's kernels for the same model, batch and dtype
 #      (benchmarks/profile_peer.py), eager and reduce-overhead.
 # Usage: bash scripts/gpu_profile.sh PROGRAM[,PROGRAM...]   e.g. vit_b_16_fp16_b8
-# KILN_PROFILE_PEERS=0 skips step 3 (PyTorch's profiles).
+# KILN_PROFILE_PEERS=0 skips step 3 (PyTorch's profiles). Each program's
+# CUDA-graph replay latency (no profiling events) is printed after its profile.
 # Writes $OUT/profiles.txt (Kiln, every step) and $OUT/profile_summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,9 @@ while read -r name model batch dtype pte; do
   { echo "-- $name"; grep -E "kiln profile|latency" "$work/$name.txt"; } >>"$out/profiles.txt"
   { grep -E "latency|steps," "$work/$name.txt"; python3 tools/profile_summary.py "$work/$name.txt"; } |
     tee -a "$out/profile_summary.txt"
+  # Without per-step events: CUDA-graph replay, the figure the benchmark reports.
+  "$runner" --model_path="$pte" --device_io=true --use_cuda_graphs=true --cuda_events=true --num_runs=300 \
+    --warmup=30 2>&1 | grep -E "^latency" | sed 's/^/graph replay /' | tee -a "$out/profile_summary.txt"
   [ "${KILN_PROFILE_PEERS:-1}" = 0 ] && continue
   for mode in eager reduce_overhead; do
     timeout 300 python3 benchmarks/profile_peer.py --model "$model" --batch "$batch" --dtype "$dtype" \
