@@ -57,3 +57,8 @@ gtest_discover_tests(kiln_runtime_conv_tests)
 add_executable(kiln_runtime_gemm_autotune_tests runtime_gemm_autotune_test.cpp)
 target_link_libraries(kiln_runtime_gemm_autotune_tests PRIVATE kiln_runtime GTest::gtest_main)
 gtest_discover_tests(kiln_runtime_gemm_autotune_tests)
+
+# Named weights: upload once per (device, key, content), share, verify (no GPU needed).
+add_executable(kiln_named_weight_cache_tests named_weight_cache_test.cpp)
+target_link_libraries(kiln_named_weight_cache_tests PRIVATE kiln_runtime Threads::Threads GTest::gtest_main)
+gtest_discover_tests(kiln_named_weight_cache_tests)
