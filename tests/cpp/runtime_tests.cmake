@@ -21,6 +21,16 @@ if(TARGET kiln_runner)
     kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
     executorch::kernels_optimized Threads::Threads)
 
+  # Several methods in one .pte, weights stored and uploaded once; run on the
+  # GPU machine by tests/gpu/multi_method_test.py, not by ctest.
+  add_executable(kiln_multi_method_test
+    ${PROJECT_SOURCE_DIR}/tests/gpu/multi_method_test.cpp
+    ${_runner_dir}/tensor_file.cpp
+    ${_runner_dir}/tensor_math.cpp)
+  target_include_directories(kiln_multi_method_test PRIVATE ${_runner_dir})
+  target_link_libraries(kiln_multi_method_test PRIVATE
+    kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
+
   # Issue 13's GPU reliability tests (bad inputs through Module, 8 threads x 10,000
   # runs, alternating caller streams, load/run/destroy cycles, out of memory, SM
   # mismatch), on the files of tests/gpu/export_reliability_tests.py; run by
