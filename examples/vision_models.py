@@ -17,6 +17,8 @@ Models (torchvision definitions, eval mode, random weights):
                       (21 classes; returns the "out" map, bilinear upsampling)
   vit_b_16            torchvision.models.vit_b_16 (12 encoder blocks of
                       nn.MultiheadAttention, 12 heads of 64, 197 tokens)
+  swin_t              torchvision.models.swin_t (shifted-window attention with
+                      relative position bias and window masks, 49 tokens a window)
   bert_base           BERT-base (examples/bert_model.py: Hugging Face
                       BertModel's architecture in plain PyTorch), sequence 128;
                       inputs input_ids and attention_mask, int64 [batch, 128]
@@ -58,7 +60,7 @@ import torch
 from torch import nn
 
 MODELS = ("mlp_policy", "resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy", "convnext_tiny",
-          "lraspp_mobilenet_v3_large", "vit_b_16", "bert_base")
+          "lraspp_mobilenet_v3_large", "vit_b_16", "swin_t", "bert_base")
 BERT_SEQ = 128
 CONV_MODELS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "resnet18_policy", "convnext_tiny",
                "lraspp_mobilenet_v3_large")
@@ -114,7 +116,7 @@ def _construct(name: str) -> nn.Module:
         return ResNet18Policy()
     import torchvision
 
-    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16"):
+    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "swin_t"):
         return getattr(torchvision.models, name)(weights=None)
     if name == "lraspp_mobilenet_v3_large":
         return SegmentationOut(torchvision.models.segmentation.lraspp_mobilenet_v3_large(
@@ -171,9 +173,10 @@ def init_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> nn.Module:
             module_name, _, leaf = key.rpartition(".")
             owner = owners[module_name]
             shape = tuple(tensor.shape)
-            if not tensor.is_floating_point():  # num_batches_tracked
-                tensor.data.zero_()
-                continue
+            if not tensor.is_floating_point():
+                if leaf == "num_batches_tracked":
+                    tensor.data.zero_()
+                continue  # index buffers (Swin's relative_position_index) stay as built
             if isinstance(owner, nn.modules.batchnorm._BatchNorm):
                 n = shape[0]
                 if leaf == "weight":
@@ -189,7 +192,7 @@ def init_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> nn.Module:
                 values = rng.uniform(0.5, 1.5, shape) if leaf == "weight" else rng.normal(0.0, 0.1, shape)
             elif leaf == "layer_scale":  # ConvNeXt's per-channel residual scale
                 values = rng.uniform(0.1, 0.3, shape)
-            elif leaf in ("class_token", "pos_embedding"):  # ViT's learned tokens
+            elif leaf in ("class_token", "pos_embedding", "relative_position_bias_table"):  # ViT/Swin tables
                 values = rng.normal(0.0, 0.02, shape)
             elif leaf == "in_proj_weight":  # nn.MultiheadAttention's packed q/k/v projection
                 std = math.sqrt(1.0 / shape[1])

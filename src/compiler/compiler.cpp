@@ -69,6 +69,8 @@ class Lowering final : public ops::LowerContext {
   }
 
   const ir::Graph& graph() const override { return graph_; }
+  // Every kernel's CUDA source, as compiled (empty before run()).
+  const std::string& kernel_source() const { return source_; }
   std::string kernel_name(const std::string& prefix) override {
     pending_ = prefix + "_" + std::to_string(kernels_++);
     return pending_;
@@ -309,8 +311,10 @@ class Pipeline {
     write(next_prefix() + pass + ".txt", text);
   }
 
-  void dump_steps(const engine::EngineDesc& desc) {
+  // The lowered steps, and the CUDA source NVRTC compiled (NN_kernels.cu).
+  void dump_steps(const engine::EngineDesc& desc, const std::string& kernel_source) {
     if (options_.debug_dir.empty()) return;
+    if (!kernel_source.empty()) write(next_prefix() + "kernels.cu", kernel_source);
     std::ostringstream out;
     for (size_t i = 0; i < desc.steps.size(); ++i) {
       const engine::Step& s = desc.steps[i];
@@ -369,8 +373,9 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
                       (convs ? std::to_string(convs) + " convolutions + " : std::string()) +
                       std::to_string(plan.ops.size() - static_cast<size_t>(gemms + convs)) +
                       " fused kernels, computing in " + engine::dtype_name(compute));
-  engine::EngineDesc desc = Lowering(graph, plan).run(options, compute);
-  pipeline.dump_steps(desc);
+  Lowering lowering(graph, plan);
+  engine::EngineDesc desc = lowering.run(options, compute);
+  pipeline.dump_steps(desc, lowering.kernel_source());
   return desc;
 }
 

@@ -47,6 +47,14 @@ __device__ __forceinline__ void kiln_ldsm_x2_trans(unsigned& r0, unsigned& r1, c
   unsigned long long g; asm("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"((unsigned)g));
 }
+// 16 bytes global -> shared without a register round trip; zero-filled
+// (nothing read) when !full.
+__device__ __forceinline__ void kiln_cp_async16(void* dst, const void* src, bool full) {
+  unsigned long long g; asm("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"((unsigned)g), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void kiln_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void kiln_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 #endif
 )";
 
@@ -83,59 +91,88 @@ std::string signature(const AttentionPlan& p, const std::string& name, int threa
   return s.str();
 }
 
-struct MmaShape {
-  int warps = 1;   // row groups of 16 query rows per block
-  int splits = 1;  // warps splitting a row group's keys (combined at the end)
-  int key_tile = kMmaKeyTile;
-};
-
-int64_t mma_smem_bytes(const AttentionPlan& p, const MmaShape& m) {
-  const int64_t kv = int64_t{m.splits} * m.key_tile * ((p.head_dim + 8) + (p.value_dim + 8)) * 2;
-  const int64_t reduce = m.splits > 1 ? int64_t{m.splits} * m.warps * 32 * (p.value_dim / 2 + 4) * 4 : 0;
-  return std::max(kv, reduce);
+int mma_warps(const AttentionPlan& p) {
+  // Enough blocks to fill an H100-class GPU (132 SMs) before making them
+  // bigger: each warp of a block owns 16 query rows.
+  const int64_t pairs = p.batch * p.heads;
+  for (int warps : {4, 2})
+    if (pairs * ((p.rows + 16 * warps - 1) / (16 * warps)) >= 264) return warps;
+  return 1;
 }
 
-MmaShape mma_shape(const AttentionPlan& p) {
-  // Enough warps to fill an H100-class GPU (132 SMs, two warps each at
-  // least) before making blocks bigger: each warp owns 16 query rows.
-  const int64_t pairs = p.batch * p.heads;
-  const int64_t groups = (p.rows + 15) / 16;
-  for (int warps : {4, 2})
-    if (pairs * ((p.rows + 16 * warps - 1) / (16 * warps)) >= 264) return {warps, 1, kMmaKeyTile};
-  if (pairs * groups >= 264) return {1, 1, kMmaKeyTile};
-  // Too few warps (BERT or ViT at batch 1: 12 heads x 8-13 row groups):
-  // several warps split each row group's keys, 32-key tiles each, and
-  // combine their partial softmax sums at the end.
-  for (int splits : {4, 2}) {
-    const MmaShape m{1, splits, 32};
-    if (p.keys >= int64_t{splits} * 32 && mma_smem_bytes(p, m) <= 48 * 1024) return m;
-  }
-  return {1, 1, kMmaKeyTile};
+// Stages of the key/value pipeline: two when both fit the 48 KiB of static
+// shared memory (the next tile loads while this one computes), else one.
+int mma_stages(const AttentionPlan& p) {
+  const int64_t tile_bytes = int64_t{kMmaKeyTile} * ((p.head_dim + 8) + (p.value_dim + 8)) * 2;
+  return 2 * tile_bytes <= 48 * 1024 ? 2 : 1;
+}
+
+// Whether K and V tiles can be copied in 16-byte vectors (cp.async).
+bool mma_vec16(const AttentionPlan& p) {
+  return p.offsets[1] % 8 == 0 && p.offsets[2] % 8 == 0 && p.k_strides[0] % 8 == 0 && p.k_strides[1] % 8 == 0 &&
+         p.k_strides[2] % 8 == 0 && p.v_strides[0] % 8 == 0 && p.v_strides[1] % 8 == 0 && p.v_strides[2] % 8 == 0 &&
+         p.head_dim % 8 == 0 && p.value_dim % 8 == 0;
+}
+
+// Statements copying key rows [n0, n0 + kBN) of `src` (row stride `stride`,
+// `dim` columns) into the padded shared tile `dst` (row pitch `pitch`).
+// Asynchronous: cp.async of 16 bytes, zero-filled past the last key; the
+// caller commits the group. Synchronous: 4-byte loads and stores.
+void emit_tile_load(std::ostream& s, bool async, const std::string& dst,
+                    const std::string& src, int64_t stride, int64_t dim, const std::string& pitch,
+                    const std::string& n0, int threads) {
+  const int vec = async ? 8 : 2;
+  const int64_t per_row = dim / vec;
+  s << "    #pragma unroll 4\n"
+    << "    for (int c = threadIdx.x; c < kBN * " << per_row << "; c += " << threads << ") {\n"
+    << "      const int r = c / " << per_row << ", col = (c % " << per_row << ") * " << vec << ";\n"
+    << "      const long long key = " << n0 << " + r;\n";
+  if (async)
+    s << "      kiln_cp_async16(" << dst << " + r * " << pitch << " + col, " << src << " + (key < kKeys ? key : 0) * "
+      << ll(stride) << " + col, key < kKeys);\n";
+  else
+    s << "      *(unsigned*)(" << dst << " + r * " << pitch << " + col) = key < kKeys ? *(const unsigned*)(" << src
+      << " + key * " << ll(stride) << " + col) : 0u;\n";
+  s << "    }\n";
 }
 
 void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
-  const MmaShape shape = mma_shape(p);
-  const int warps = shape.warps, splits = shape.splits;
+  const int warps = mma_warps(p);
+  const int threads = 32 * warps;
   const int64_t d = p.head_dim, dv = p.value_dim;
-  const bool vec16 = p.offsets[1] % 8 == 0 && p.offsets[2] % 8 == 0 && p.k_strides[0] % 8 == 0 && p.k_strides[1] % 8 == 0 && p.k_strides[2] % 8 == 0 &&
-                     p.v_strides[0] % 8 == 0 && p.v_strides[1] % 8 == 0 && p.v_strides[2] % 8 == 0;
+  const bool async = mma_vec16(p);
+  const int stages = async ? mma_stages(p) : 1;
+  const bool masked = p.mask_kind != AttentionPlan::Mask::kNone;
   const char* mma = p.dtype == engine::DType::kBFloat16 ? "kiln_mma_bf16" : "kiln_mma_f16";
   const char* pack = p.dtype == engine::DType::kBFloat16 ? "kiln_pack_bf16x2" : "kiln_pack_f16x2";
   const int64_t block_rows = 16 * warps;
-  // Warp w: row group w % kW, key split w / kW (its own K/V tiles, keys
-  // n0 = split * kBN + i * kS * kBN).
-  s << signature(p, name, 32 * warps * splits) << " {\n"
-    << "  constexpr int kD = " << d << ", kDv = " << dv << ", kBN = " << shape.key_tile << ";\n"
-    << "  constexpr int kW = " << warps << ", kS = " << splits << ";\n"
+  auto load_tiles = [&](const std::string& buf, const std::string& n0) {
+    emit_tile_load(s, async, "ks[" + buf + "]", "kb", p.k_strides[2], d, "kKs", n0, threads);
+    if (async) s << "    kiln_cp_commit();\n";
+    emit_tile_load(s, async, "vs[" + buf + "]", "vb", p.v_strides[2], dv, "kVs", n0, threads);
+    if (async) s << "    kiln_cp_commit();\n";
+  };
+  s << signature(p, name, threads) << " {\n"
+    << "  constexpr int kD = " << d << ", kDv = " << dv << ", kBN = " << kMmaKeyTile << ", kStages = " << stages
+    << ";\n"
     << "  constexpr int kKs = kD + 8, kVs = kDv + 8;  // padded rows: conflict-free fragment loads\n"
     << "  constexpr long long kRows = " << ll(p.rows) << ", kKeys = " << ll(p.keys) << ";\n"
-    << "  __shared__ __align__(16) unsigned char smem[" << mma_smem_bytes(p, shape) << "];\n"
-    << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;\n"
-    << "  const int split = warp / kW, tid = threadIdx.x - split * 32 * kW;\n"
-    << "  unsigned short* ks = (unsigned short*)smem + split * kBN * (kKs + kVs);\n"
-    << "  unsigned short* vs = ks + kBN * kKs;\n";
+    << "  __shared__ __align__(16) unsigned short ks[kStages][kBN * kKs];\n"
+    << "  __shared__ __align__(16) unsigned short vs[kStages][kBN * kVs];\n"
+    << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;\n";
   emit_bases(s, p);
-  s << "  const long long row0 = (long long)blockIdx.x * " << block_rows << " + (warp % kW) * 16;\n"
+  if (p.causal)
+    s << "  const long long key_end = min(kKeys, (long long)(blockIdx.x + 1) * " << block_rows << ");\n";
+  else
+    s << "  const long long key_end = kKeys;\n";
+  s << "  const int tiles = (int)((key_end + kBN - 1) / kBN);\n";
+  if (async) {
+    s << "  // The first key/value tile is in flight while Q is read.\n"
+      << "  {\n    const long long n0 = 0;\n";
+    load_tiles("0", "n0");
+    s << "  }\n";
+  }
+  s << "  const long long row0 = (long long)blockIdx.x * " << block_rows << " + warp * 16;\n"
     << "  // Q as A fragments (16 rows x 16 dims per k-step), straight from memory.\n"
     << "  unsigned qf[kD / 16][4];\n"
     << "  #pragma unroll\n"
@@ -149,38 +186,42 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "  float acc[kDv / 8][4];\n"
     << "  #pragma unroll\n"
     << "  for (int j = 0; j < kDv / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;\n"
-    << "  float m_run[2] = {KILN_NEG_INF, KILN_NEG_INF}, l_run[2] = {0.0f, 0.0f};\n";
-  if (p.causal)
-    s << "  const long long key_end = min(kKeys, (long long)(blockIdx.x + 1) * " << block_rows << ");\n";
-  else
-    s << "  const long long key_end = kKeys;\n";
-  // Tile loads: vectors of 8 (16 bytes) when every stride allows, else 2.
-  const int vec = vec16 ? 8 : 2;
-  const char* vtype = vec16 ? "uint4" : "unsigned";
-  const char* vzero = vec16 ? "make_uint4(0u, 0u, 0u, 0u)" : "0u";
-  s << "  for (long long base = 0; base < key_end; base += kS * kBN) {\n"
-    << "    const long long n0 = base + split * kBN;  // tiles past the keys load zeros, score -inf\n"
-    << "    __syncthreads();\n"
-    << "    for (int c = tid; c < kBN * (kD / " << vec << "); c += 32 * kW) {\n"
-    << "      const int r = c / (kD / " << vec << "), col = (c % (kD / " << vec << ")) * " << vec << ";\n"
-    << "      const long long key = n0 + r;\n"
-    << "      *(" << vtype << "*)(ks + r * kKs + col) = key < kKeys ? *(const " << vtype << "*)(kb + key * "
-    << ll(p.k_strides[2]) << " + col) : " << vzero << ";\n"
-    << "    }\n"
-    << "    for (int c = tid; c < kBN * (kDv / " << vec << "); c += 32 * kW) {\n"
-    << "      const int r = c / (kDv / " << vec << "), col = (c % (kDv / " << vec << ")) * " << vec << ";\n"
-    << "      const long long key = n0 + r;\n"
-    << "      *(" << vtype << "*)(vs + r * kVs + col) = key < kKeys ? *(const " << vtype << "*)(vb + key * "
-    << ll(p.v_strides[2]) << " + col) : " << vzero << ";\n"
-    << "    }\n"
-    << "    __syncthreads();\n"
-    << "    float sc[kBN / 8][4];\n"
+    << "  float m_run[2] = {KILN_NEG_INF, KILN_NEG_INF}, l_run[2] = {0.0f, 0.0f};\n"
+    << "  for (int t = 0; t < tiles; ++t) {\n"
+    << "    const long long n0 = (long long)t * kBN;\n"
+    << "    const int buf = kStages > 1 ? (t & 1) : 0;\n";
+  if (async && stages > 1) {
+    s << "    const bool next = t + 1 < tiles;\n"
+      << "    if (next) {\n      const long long n1 = n0 + kBN;\n      const int nb = buf ^ 1;\n";
+    load_tiles("nb", "n1");
+    s << "    }\n"
+      << "    if (next) kiln_cp_wait<3>(); else kiln_cp_wait<1>();  // this tile's keys\n";
+  } else if (async) {
+    s << "    kiln_cp_wait<1>();  // this tile's keys\n";
+  } else {
+    load_tiles("0", "n0");
+  }
+  s << "    __syncthreads();\n";
+  if (masked) {
+    // Mask loads issued before the products so their latency overlaps them.
+    s << "    float mk[kBN / 8][4];\n"
+      << "    #pragma unroll\n"
+      << "    for (int j = 0; j < kBN / 8; ++j)\n"
+      << "      #pragma unroll\n"
+      << "      for (int e = 0; e < 4; ++e) {\n"
+      << "        const long long row = row0 + g + (e >> 1) * 8, key = n0 + j * 8 + t4 * 2 + (e & 1);\n"
+      << "        float x = 0.0f;\n"
+      << "        if (row < kRows && key < kKeys) { " << mask_update(p, "row", "key") << " }\n"
+      << "        mk[j][e] = x;\n"
+      << "      }\n";
+  }
+  s << "    float sc[kBN / 8][4];\n"
     << "    #pragma unroll\n"
     << "    for (int j = 0; j < kBN / 8; ++j) {\n"
     << "      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;\n"
     << "      #pragma unroll\n"
     << "      for (int kk = 0; kk < kD / 16; ++kk) {\n"
-    << "        const unsigned short* kp = ks + (j * 8 + g) * kKs + kk * 16 + t4 * 2;\n"
+    << "        const unsigned short* kp = ks[buf] + (j * 8 + g) * kKs + kk * 16 + t4 * 2;\n"
     << "        " << mma << "(sc[j], qf[kk], *(const unsigned*)kp, *(const unsigned*)(kp + 8));\n"
     << "      }\n"
     << "    }\n"
@@ -190,12 +231,12 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "      #pragma unroll\n"
     << "      for (int e = 0; e < 4; ++e) {\n"
     << "        const long long row = row0 + g + (e >> 1) * 8, key = n0 + j * 8 + t4 * 2 + (e & 1);\n"
-    << "        float x = sc[j][e] * " << codegen::float_literal(p.scale * kLog2e) << ";\n"
-    << "        if (key >= kKeys) x = KILN_NEG_INF;\n";
+    << "        float x = sc[j][e] * " << codegen::float_literal(p.scale * kLog2e) << ";\n";
+  if (masked) s << "        x += mk[j][e];\n";
+  s << "        if (key >= kKeys) x = KILN_NEG_INF;\n";
   if (p.causal) s << "        if (key > row) x = KILN_NEG_INF;\n";
-  if (p.mask_kind != AttentionPlan::Mask::kNone)
-    s << "        else if (row < kRows) { " << mask_update(p, "row", "key") << " }\n";
   s << "        sc[j][e] = x;\n"
+    << "        (void)row;\n"
     << "      }\n"
     << "    // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3); a row's 64\n"
     << "    // scores are spread over the 4 lanes of its group.\n"
@@ -222,8 +263,14 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "      m_run[r] = m_new;\n"
     << "      #pragma unroll\n"
     << "      for (int j = 0; j < kDv / 8; ++j) { acc[j][2 * r] *= alpha; acc[j][2 * r + 1] *= alpha; }\n"
-    << "    }\n"
-    << "    // O += P V: P's accumulators are already the A fragments' layout.\n"
+    << "    }\n";
+  if (async && stages > 1)
+    s << "    if (next) kiln_cp_wait<2>(); else kiln_cp_wait<0>();  // this tile's values\n"
+      << "    __syncthreads();\n";
+  else if (async)
+    s << "    kiln_cp_wait<0>();  // this tile's values\n"
+      << "    __syncthreads();\n";
+  s << "    // O += P V: P's accumulators are already the A fragments' layout.\n"
     << "    #pragma unroll\n"
     << "    for (int kk = 0; kk < kBN / 16; ++kk) {\n"
     << "      unsigned a[4];\n"
@@ -234,44 +281,18 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "      #pragma unroll\n"
     << "      for (int j = 0; j < kDv / 8; ++j) {\n"
     << "        unsigned b0, b1;\n"
-    << "        kiln_ldsm_x2_trans(b0, b1, vs + (kk * 16 + (lane & 15)) * kVs + j * 8);\n"
+    << "        kiln_ldsm_x2_trans(b0, b1, vs[buf] + (kk * 16 + (lane & 15)) * kVs + j * 8);\n"
     << "        " << mma << "(acc[j], a, b0, b1);\n"
     << "      }\n"
     << "    }\n"
-    << "  }\n";
-  if (splits > 1)
-    s << "  // Combine the key splits: each lane holds the same fragment slots in\n"
-      << "  // every split; split 0 rescales the others' sums to its running max.\n"
-      << "  constexpr int kSlot = kDv / 2 + 4;\n"
-      << "  float* red = (float*)smem;\n"
-      << "  __syncthreads();\n"
-      << "  if (split > 0) {\n"
-      << "    float* mine = red + ((split * kW + warp % kW) * 32 + lane) * kSlot;\n"
-      << "    mine[0] = m_run[0]; mine[1] = m_run[1]; mine[2] = l_run[0]; mine[3] = l_run[1];\n"
-      << "    #pragma unroll\n"
-      << "    for (int j = 0; j < kDv / 8; ++j)\n"
-      << "      #pragma unroll\n"
-      << "      for (int e = 0; e < 4; ++e) mine[4 + j * 4 + e] = acc[j][e];\n"
-      << "  }\n"
-      << "  __syncthreads();\n"
-      << "  if (split > 0) return;\n"
-      << "  for (int o = 1; o < kS; ++o) {\n"
-      << "    const float* other = red + ((o * kW + warp % kW) * 32 + lane) * kSlot;\n"
-      << "    #pragma unroll\n"
-      << "    for (int r = 0; r < 2; ++r) {\n"
-      << "      const float m_new = fmaxf(m_run[r], other[r]);\n"
-      << "      const float base = m_new == KILN_NEG_INF ? 0.0f : m_new;\n"
-      << "      const float a = exp2f(m_run[r] - base), b = exp2f(other[r] - base);\n"
-      << "      l_run[r] = l_run[r] * a + other[2 + r] * b;\n"
-      << "      m_run[r] = m_new;\n"
-      << "      #pragma unroll\n"
-      << "      for (int j = 0; j < kDv / 8; ++j) {\n"
-      << "        acc[j][2 * r] = acc[j][2 * r] * a + other[4 + j * 4 + 2 * r] * b;\n"
-      << "        acc[j][2 * r + 1] = acc[j][2 * r + 1] * a + other[4 + j * 4 + 2 * r + 1] * b;\n"
-      << "      }\n"
-      << "    }\n"
-      << "  }\n";
-  s << "  #pragma unroll\n"
+    << "    __syncthreads();  // every warp is done with this buffer before it is refilled\n";
+  if (async && stages == 1) {
+    s << "    if (t + 1 < tiles) {\n      const long long n1 = n0 + kBN;\n";
+    load_tiles("0", "n1");
+    s << "    }\n";
+  }
+  s << "  }\n"
+    << "  #pragma unroll\n"
     << "  for (int r = 0; r < 2; ++r) {\n"
     << "    const long long row = row0 + g + r * 8;\n"
     << "    if (row >= kRows) continue;\n"
@@ -283,7 +304,7 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "  }\n"
     << "}\n";
   k.grid[0] = static_cast<uint32_t>((p.rows + block_rows - 1) / block_rows);
-  k.block = static_cast<uint32_t>(32 * warps * splits);
+  k.block = static_cast<uint32_t>(threads);
 }
 
 void emit_simt(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <variant>
 
@@ -235,11 +236,33 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
   return last;
 }
 
+namespace {
+
+// Elements a thread handles in the vectorized form of a pointwise kernel:
+// 16 bytes of every input read at the output's index and of the output, so
+// all of those must share one element size; 1 when there is no such form
+// (layout maps, odd sizes, nothing contiguous to read).
+int pointwise_vector(const ir::Graph& graph, const PointwisePlan& plan) {
+  if (!plan.input_map.coef.empty() || !plan.output_map.coef.empty()) return 1;
+  const ir::Value& out = graph.value(plan.out);
+  const size_t size = engine::dtype_size(out.dtype);
+  if (size != 2 && size != 4) return 1;
+  for (int in : plan.inputs) {
+    const ir::Value& v = graph.value(in);
+    if (v.shape == out.shape && engine::dtype_size(v.dtype) != size) return 1;
+  }
+  const int vector = static_cast<int>(16 / size);
+  return out.numel() % vector == 0 && out.numel() >= 16 * vector ? vector : 1;
+}
+
+}  // namespace
+
 std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePlan& plan,
                                       const std::string& name) {
   const ir::Value& out = graph.value(plan.out);
   const std::vector<int64_t>& iter = plan.iter_shape.empty() ? out.shape : plan.iter_shape;
   const bool layout = !plan.input_map.coef.empty() || !plan.output_map.coef.empty();
+  const int vector = pointwise_vector(graph, plan);
   std::ostringstream src;
   src << "extern \"C\" __global__ void __launch_bounds__(" << kPointwiseBlock << ") " << name << "(\n    "
       << storage_type(out.dtype) << "* __restrict__ out";
@@ -247,22 +270,71 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePla
     src << ",\n    const " << storage_type(graph.value(plan.inputs[j]).dtype) << "* __restrict__ in" << j;
   src << ",\n    long long n) {\n";
   src << "  const long long stride = (long long)gridDim.x * " << kPointwiseBlock << ";\n";
+
+  // One element's loads, chain and store: `load(j)` names input j's value.
+  auto body = [&](const std::string& indent, const std::function<std::string(size_t)>& load,
+                  const std::string& store_to) {
+    std::map<int, std::string> name_of;  // value id -> float variable
+    for (size_t j = 0; j < plan.inputs.size(); ++j) {
+      const ir::Value& in = graph.value(plan.inputs[j]);
+      std::string var = "x" + std::to_string(j);
+      src << indent << "const " << value_type(in.dtype) << " " << var << " = " << load_expr(in.dtype, load(j))
+          << ";\n";
+      name_of[plan.inputs[j]] = var;
+    }
+    std::string last = emit_elementwise_chain(graph, plan.nodes, name_of, "", indent, "its fused kernel", src);
+    if (last.empty()) last = name_of.at(plan.inputs.at(0));  // plain copy
+    src << indent << store_to << " = " << store_expr(out.dtype, last) << ";\n";
+  };
+  auto offset_of = [&](size_t j) {
+    const ir::Value& in = graph.value(plan.inputs[j]);
+    return layout ? affine_offset(plan.input_map, iter) : broadcast_offset(in.shape, out.shape);
+  };
+  auto scalar_load = [&](size_t j) { return "in" + std::to_string(j) + "[" + offset_of(j) + "]"; };
+  const std::string out_offset = layout && !plan.output_map.coef.empty() ? affine_offset(plan.output_map, iter) : "i";
+
+  if (vector > 1) {
+    // 16-byte loads and stores of `vector` elements when every full-shape
+    // operand is 16-byte aligned (arena tensors are; a caller's buffer may
+    // not be); broadcast operands are read per element.
+    // Wide operands: the output's shape, or broadcast over leading dims only
+    // (a bias row), where `vector` elements in a row stay contiguous.
+    const size_t size = engine::dtype_size(out.dtype);
+    std::vector<size_t> wide;
+    for (size_t j = 0; j < plan.inputs.size(); ++j) {
+      const ir::Value& in = graph.value(plan.inputs[j]);
+      const bool rows = !in.shape.empty() && in.shape.size() <= out.shape.size() && in.shape.back() == out.shape.back() &&
+                        in.shape.back() % vector == 0 && engine::dtype_size(in.dtype) == size;
+      if (in.shape == out.shape || rows) wide.push_back(j);
+    }
+    src << "  const bool aligned = ((unsigned long long)out";
+    for (size_t j : wide) src << " | (unsigned long long)in" << j;
+    src << ") % 16 == 0;\n"
+        << "  if (aligned) {\n"
+        << "    for (long long v = (long long)blockIdx.x * " << kPointwiseBlock << " + threadIdx.x; v < n / "
+        << vector << "; v += stride) {\n";
+    for (size_t j : wide)
+      src << "      __align__(16) " << storage_type(graph.value(plan.inputs[j]).dtype) << " w" << j << "[" << vector
+          << "];\n      {\n        const long long i = v * " << vector << ";\n        *(uint4*)w" << j
+          << " = *(const uint4*)(in" << j << " + " << offset_of(j) << ");\n      }\n";
+    src << "      __align__(16) " << storage_type(out.dtype) << " o[" << vector << "];\n"
+        << "      #pragma unroll\n"
+        << "      for (int e = 0; e < " << vector << "; ++e) {\n"
+        << "        const long long i = v * " << vector << " + e;\n";
+    body("        ", [&](size_t j) {
+      return std::find(wide.begin(), wide.end(), j) != wide.end() ? "w" + std::to_string(j) + "[e]" : scalar_load(j);
+    }, "o[e]");
+    src << "        (void)i;\n"
+        << "      }\n"
+        << "      *(uint4*)(out + v * " << vector << ") = *(const uint4*)o;\n"
+        << "    }\n"
+        << "    return;\n"
+        << "  }\n";
+  }
   src << "  for (long long i = (long long)blockIdx.x * " << kPointwiseBlock
       << " + threadIdx.x; i < n; i += stride) {\n";
-
-  std::map<int, std::string> name_of;  // value id -> float variable
-  for (size_t j = 0; j < plan.inputs.size(); ++j) {
-    const ir::Value& in = graph.value(plan.inputs[j]);
-    std::string var = "x" + std::to_string(j);
-    std::string offset = layout ? affine_offset(plan.input_map, iter) : broadcast_offset(in.shape, out.shape);
-    src << "    const " << value_type(in.dtype) << " " << var << " = "
-        << load_expr(in.dtype, "in" + std::to_string(j) + "[" + offset + "]") << ";\n";
-    name_of[plan.inputs[j]] = var;
-  }
-  std::string last = emit_elementwise_chain(graph, plan.nodes, name_of, "", "    ", "its fused kernel", src);
-  if (last.empty()) last = name_of.at(plan.inputs.at(0));  // plain copy
-  std::string out_offset = layout && !plan.output_map.coef.empty() ? affine_offset(plan.output_map, iter) : "i";
-  src << "    out[" << out_offset << "] = " << store_expr(out.dtype, last) << ";\n  }\n}\n";
+  body("    ", scalar_load, "out[" + out_offset + "]");
+  src << "  }\n}\n";
   return src.str();
 }
 
@@ -275,7 +347,9 @@ void PointwisePlan::lower(LowerContext& ctx, engine::Step& step) const {
   k.function = ctx.kernel_name("kiln_pw");
   ctx.add_source(generate_pointwise_kernel(graph, *this, k.function));
   const int64_t n = iter_shape.empty() ? graph.value(out).numel() : ir::numel_of(iter_shape);
-  const int64_t blocks = std::max<int64_t>(1, (n + kPointwiseBlock - 1) / kPointwiseBlock);
+  // Threads for the vectorized form; an unaligned call loops over the rest.
+  const int64_t threads = n / pointwise_vector(graph, *this);
+  const int64_t blocks = std::max<int64_t>(1, (threads + kPointwiseBlock - 1) / kPointwiseBlock);
   k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(blocks, 65536));
   k.block[0] = kPointwiseBlock;
   k.args.push_back(ctx.tensor_arg(out));

@@ -152,7 +152,9 @@ std::optional<std::vector<int64_t>> plain_strides(const FactoredDims& dims) {
   for (const auto& d : dims) {
     const std::vector<StrideFactor> m = merged(d);
     if (m.size() > 1) return std::nullopt;
-    strides.push_back(m.empty() ? 1 : m[0].stride);
+    // A size-1 dim is never stepped along: 0, which no alignment check
+    // (the attention kernel's 16-byte loads) can fail on.
+    strides.push_back(m.empty() ? 0 : m[0].stride);
   }
   return strides;
 }

@@ -52,7 +52,8 @@ std::optional<FactoredDims> view_factored(const FactoredDims& dims, const std::v
 // Sizes of the dims.
 std::vector<int64_t> factored_shape(const FactoredDims& dims);
 // One stride per dim when every dim's factors merge into one (each factor's
-// stride is the next one's size times stride); nullopt otherwise.
+// stride is the next one's size times stride; 0 for a size-1 dim); nullopt
+// otherwise.
 std::optional<std::vector<int64_t>> plain_strides(const FactoredDims& dims);
 
 }  // namespace kiln::ops

@@ -88,10 +88,7 @@ ir::Graph merge_common_subexpressions(const ir::Graph& graph) {
     seen.emplace(key, &node);
   }
   if (!merged) return graph;
-  std::vector<int> outputs;
-  for (int o : graph.outputs()) outputs.push_back(rw.map(o));
-  rw.out().set_outputs(outputs);
-  return std::move(rw.out());
+  return rw.finish();
 }
 
 }  // namespace kiln::passes

@@ -146,11 +146,9 @@ ir::Graph fold_batch_norm(const ir::Graph& graph) {
     }
     rw.copy_node(node, inputs);
   }
-  std::vector<int> outputs;
-  for (int o : graph.outputs()) outputs.push_back(rw.map(o));
-  rw.out().set_outputs(outputs);
-  rw.out().verify();
-  return std::move(rw.out());
+  ir::Graph out = rw.finish();
+  out.verify();
+  return out;
 }
 
 }  // namespace kiln::passes

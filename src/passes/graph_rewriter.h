@@ -47,6 +47,15 @@ class GraphRewriter {
       map_[static_cast<size_t>(node.outputs[i])] = out_.nodes()[static_cast<size_t>(index)].outputs[i];
   }
 
+  // Maps the source graph's outputs and hands over the rebuilt graph
+  // (call once, last).
+  ir::Graph finish() {
+    std::vector<int> outputs;
+    for (int o : src_.outputs()) outputs.push_back(map(o));
+    out_.set_outputs(std::move(outputs));
+    return std::move(out_);
+  }
+
   int add_constant(const std::string& name, engine::DType dtype, std::vector<int64_t> shape, std::vector<uint8_t> data) {
     return out_.add_constant(name, dtype, std::move(shape), std::move(data));
   }

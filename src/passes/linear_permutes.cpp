@@ -130,10 +130,7 @@ ir::Graph commute_linear_permutes(const ir::Graph& graph) {
     }
     rw.copy_node(node, inputs);
   }
-  std::vector<int> outputs;
-  for (int o : graph.outputs()) outputs.push_back(rw.map(o));
-  rw.out().set_outputs(outputs);
-  return std::move(rw.out());
+  return rw.finish();
 }
 
 }  // namespace kiln::passes

@@ -105,10 +105,7 @@ ir::Graph merge_sibling_linears(const ir::Graph& graph) {
       start = end;
     }
   }
-  std::vector<int> outputs;
-  for (int o : graph.outputs()) outputs.push_back(rw.map(o));
-  rw.out().set_outputs(outputs);
-  return std::move(rw.out());
+  return rw.finish();
 }
 
 }  // namespace kiln::passes

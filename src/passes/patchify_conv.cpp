@@ -118,11 +118,9 @@ ir::Graph patchify_convolutions(const ir::Graph& graph, const ops::OpOptions& op
     v = rw.emit("aten.permute_copy.default", name + "_nchw", {v}, {{"dims", Shape{0, 3, 1, 2}}}, dt, y.shape);
     rw.set_map(y.id, v);
   }
-  std::vector<int> outputs;
-  for (int o : graph.outputs()) outputs.push_back(rw.map(o));
-  rw.out().set_outputs(outputs);
-  rw.out().verify();
-  return std::move(rw.out());
+  ir::Graph out = rw.finish();
+  out.verify();
+  return out;
 }
 
 }  // namespace kiln::passes

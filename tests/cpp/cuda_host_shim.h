@@ -26,6 +26,8 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(4) ushort2 { unsigned short x, y; };
 struct alignas(8) ushort4 { unsigned short x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+#define __align__(n) alignas(n)
 
 // CUDA's integer min/max overloads (generated index arithmetic uses them).
 inline long long min(long long a, long long b) { return a < b ? a : b; }

@@ -42,12 +42,16 @@ N(0, 0.02). A tied weight (Llama's lm_head is its embedding) is drawn once.
 
 from __future__ import annotations
 
-import hashlib
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from vision_models import checksum  # noqa: E402,F401  (the same sha256 the vision manifests record)
 
 MODELS = ("bert", "llama")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -158,16 +162,6 @@ def init_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> nn.Module:
                 raise ValueError(f"no init rule for {key} {shape} in {kind}")
             tensor.data.copy_(torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(shape)).to(tensor.dtype))
     return model
-
-
-def checksum(model: nn.Module) -> str:
-    """sha256 over each state_dict entry's name, shape and float32 bytes, in order."""
-    h = hashlib.sha256()
-    for key, tensor in model.state_dict().items():
-        h.update(key.encode())
-        h.update(repr(tuple(tensor.shape)).encode())
-        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def parameter_count(model: nn.Module) -> int:

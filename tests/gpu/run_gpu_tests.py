@@ -53,16 +53,7 @@ import sample_models  # noqa: E402
 MODULES = {"sample_models": sample_models, "conformance_models": conformance_models}
 
 
-def load_tensor_file_module():
-    # kiln/__init__ imports ExecuTorch, which this machine lacks; the tensor
-    # file module itself needs only numpy.
-    spec = importlib.util.spec_from_file_location("kiln_tensor_file", ROOT / "python/kiln/tensor_file.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tensor_file = load_tensor_file_module()
+tensor_file = reference_groups.tensor_file  # loaded without kiln/__init__ (no ExecuTorch here)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
