@@ -45,9 +45,17 @@ if [ -d "$bundle/models" ] || [ -d "$bundle/conformance" ] || ((${#vision_args[@
 else
   echo "no $bundle/models, $bundle/conformance, $bundle/vision_* or reference groups: GPU model tests skipped"
 fi
+# Several methods in one .pte, weights stored and uploaded once (issue 12).
+multi_failed=0
+if [ -f "$bundle/multi_method/manifest.json" ] && [ -x build-gpu/tests/cpp/kiln_multi_method_test ]; then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/multi_method_test.py --files "$bundle/multi_method" \
+    --binary build-gpu/tests/cpp/kiln_multi_method_test --out "$out" || multi_failed=1
+else
+  echo "($bundle/multi_method not carried: multi-method test skipped)"
+fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
-  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ]
+  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ]
   exit
 fi
 
@@ -71,4 +79,4 @@ if [ "$app_failed" = 0 ]; then
     { echo "FAIL  consumer app exit $?"; app_failed=1; }
 fi
 [ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
-  [ "$ctest_failed" = 0 ]
+  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ]

@@ -3,6 +3,7 @@
 # itself into .gpu_carry/ (git-ignored; pass it as a carried path): the
 # ExecuTorch C++ SDK from the wheel, the exported sample models (models/) and
 # op conformance models (conformance/) with their weights and manifests, the
+# two-method models of the multi-method test (multi_method/), the
 # commit they came from, and the benchmark models (benchmarks/export_models.py:
 # xz archives in carry groups vision_a, vision_b, ...). Each carried call
 # holds at most 64 MiB, so carry executorch_sdk + COMMIT with EITHER models/
@@ -23,6 +24,9 @@ bash scripts/make_executorch_sdk.sh "$bundle/executorch_sdk"
 python3 examples/export_mlp.py --out "$bundle/models" --batch "${KILN_SAMPLE_BATCH:-8}"
 rm -rf "$bundle/conformance"
 python3 tests/gpu/export_conformance.py --out "$bundle/conformance"
+# Several methods in one .pte, weights stored once (about 11 MB).
+rm -rf "$bundle/multi_method"
+PYTHONPATH=python python3 tests/gpu/export_multi_method.py --out "$bundle/multi_method"
 if [ "${KILN_SKIP_VISION:-0}" = 1 ]; then
   echo "vision export skipped (KILN_SKIP_VISION=1); kept: $(ls -d "$bundle"/vision_* 2>/dev/null | tr '\n' ' ')"
 else

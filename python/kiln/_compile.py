@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,8 +19,8 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from . import _constant_fold, _trial
-from ._logging import announce
+from . import _constant_fold, _trial, _weights
+from ._logging import announce, progress
 from ._options import DEFAULT_TARGET_SMS, KilnOptions, validate_options
 from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu, PartitionSummary
 
@@ -36,6 +37,44 @@ def check_exported_program(exported_program: Any, func: str) -> ExportedProgram:
             "call torch.export.export(model, example_inputs) first"
         )
     return exported_program
+
+
+# ExecuTorch looks methods up by name from C++ and Python; keep them identifiers.
+METHOD_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+
+Programs = dict  # method name -> ExportedProgram
+
+
+def check_programs(programs: Any, func: str) -> tuple[dict[str, ExportedProgram], bool]:
+    """One ExportedProgram (method "forward") or a dict of method name ->
+    ExportedProgram. Returns (dict, whether a dict was given); raises naming
+    the first problem."""
+    if not isinstance(programs, dict):
+        return {"forward": check_exported_program(programs, func)}, False
+    if not programs:
+        raise ValueError(f"{func}: the dict of methods is empty; give at least one "
+                         "name -> torch.export.ExportedProgram")
+    for name, program in programs.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{func}: method names must be str, got {type(name).__name__} {name!r}")
+        if not re.fullmatch(METHOD_NAME_PATTERN, name):
+            raise ValueError(f"{func}: method name {name!r} is not valid; use a Python identifier "
+                             "of at most 64 characters (letters, digits, _; not starting with a digit)")
+        if not isinstance(program, ExportedProgram):
+            raise TypeError(
+                f"{func}: method {name!r}: expected a torch.export.ExportedProgram, got "
+                f"{type(program).__module__}.{type(program).__qualname__}; "
+                "call torch.export.export(model, example_inputs) first"
+            )
+    return dict(programs), True
+
+
+def check_not_per_method(func: str, **options: Any) -> None:
+    """Options apply to every method; a dict given for one is refused."""
+    for name, value in options.items():
+        if isinstance(value, dict):
+            raise TypeError(f"{func}: {name} applies to every method; per-method options are not "
+                            f"supported (give one value, not a dict)")
 
 
 def check_arg_inputs(program: ExportedProgram, arg_inputs: Any) -> None:
@@ -84,7 +123,8 @@ def edge_compile_config() -> EdgeCompileConfig:
     )
 
 
-def lower(exported_program: ExportedProgram, options: KilnOptions) -> tuple[EdgeProgramManager, PartitionSummary]:
+def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
+          options: KilnOptions) -> tuple[EdgeProgramManager, dict[str, PartitionSummary]]:
     """Edge conversion + partitioning (with trial compiles) + preprocess.
 
     An ``aten.linear`` kept whole for Kiln that then fails to compile has no
@@ -92,14 +132,23 @@ def lower(exported_program: ExportedProgram, options: KilnOptions) -> tuple[Edge
     the program is lowered again with those linears decomposed (their GEMM
     on the CPU), and, should one still be left, with every linear decomposed.
     Engines compiled by the first attempt's trials are reused when unchanged.
+
+    A dict of programs is lowered in one call (one EdgeProgramManager, one
+    named data store: weights the methods share are stored once), each
+    method with its own partitioner; returns the summary per method.
     """
+    programs = exported_program if isinstance(exported_program, dict) else {"forward": exported_program}
     decompose: dict[str, str] = {}
     try:
         for attempt in range(3):
-            partitioner = KilnPartitioner(options, decompose_linear=decompose)
+            progress.reset()
+            partitioners = {name: KilnPartitioner(options, decompose_linear=decompose) for name in programs}
             try:
                 manager = to_edge_transform_and_lower(
-                    exported_program, partitioner=[partitioner], compile_config=edge_compile_config(),
+                    programs if isinstance(exported_program, dict) else exported_program,
+                    partitioner={name: [p] for name, p in partitioners.items()}
+                    if isinstance(exported_program, dict) else [partitioners["forward"]],
+                    compile_config=edge_compile_config(),
                     # export-time constant folding of the edge program (_constant_fold.py)
                     transform_passes=_constant_fold.transform_passes(),
                 )
@@ -114,16 +163,15 @@ def lower(exported_program: ExportedProgram, options: KilnOptions) -> tuple[Edge
                          f"({'every linear' if attempt else ', '.join(sorted(e.reasons))}): "
                          "ExecuTorch has no CPU kernel for aten.linear")
                 continue
-            summary = partitioner.last_summary or PartitionSummary()
-            return manager, summary
+            return manager, {name: p.last_summary or PartitionSummary() for name, p in partitioners.items()}
     finally:
         _trial.ENGINE_CACHE.clear()  # engines preprocess did not take
     raise AssertionError("unreachable")
 
 
-def delegate_ids(manager: EdgeProgramManager) -> list[str]:
-    """Backend ids of the lowered calls, in graph order."""
-    graph_module = manager.exported_program().graph_module
+def delegate_ids(manager: EdgeProgramManager, method: str = "forward") -> list[str]:
+    """Backend ids of the lowered calls of `method`, in graph order."""
+    graph_module = manager.exported_program(method).graph_module
     ids = []
     for node in graph_module.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "executorch_call_delegate":
@@ -132,22 +180,48 @@ def delegate_ids(manager: EdgeProgramManager) -> list[str]:
     return ids
 
 
+def merge_summaries(summaries: dict[str, PartitionSummary]) -> PartitionSummary:
+    total = PartitionSummary()
+    for s in summaries.values():
+        total.partitions += s.partitions
+        total.ops_taken += s.ops_taken
+        for op, n in s.ops_on_cpu.items():
+            total.ops_on_cpu[op] = total.ops_on_cpu.get(op, 0) + n
+    return total
+
+
 @dataclass
 class CompiledProgram:
     """A program lowered for Kiln: the edge program manager (with its Kiln
-    delegates already compiled), the options used and the partition summary."""
+    delegates already compiled), the options used and the partition summary
+    (over every method; per method in `summaries`).
+
+    One ExportedProgram gives one method, "forward"; a dict gives one method
+    per key, all in one EdgeProgramManager (and so one .pte)."""
 
     edge_program_manager: EdgeProgramManager
     options: KilnOptions
     summary: PartitionSummary
-    exported_program: ExportedProgram  # kept so save() can re-lower
+    # kept so save() can re-lower: the ExportedProgram, or the dict given
+    exported_program: ExportedProgram | dict[str, ExportedProgram]
+    summaries: dict[str, PartitionSummary] = field(default_factory=dict)
+    model_id: str = ""
 
     @property
-    def delegates(self) -> list[str]:
+    def methods(self) -> list[str]:
+        return sorted(self.edge_program_manager.methods)
+
+    @property
+    def delegates(self) -> list[str] | dict[str, list[str]]:
+        """Backend ids in graph order: a list for a single program, a dict
+        method -> list when kiln.compile was given a dict."""
+        if isinstance(self.exported_program, dict):
+            return {m: delegate_ids(self.edge_program_manager, m) for m in self.methods}
         return delegate_ids(self.edge_program_manager)
 
     def __repr__(self) -> str:
-        return f"<kiln.CompiledProgram {self.summary.line().removeprefix('kiln: ')}>"
+        methods = f" methods {self.methods}" if isinstance(self.exported_program, dict) else ""
+        return f"<kiln.CompiledProgram{methods} {self.summary.line().removeprefix('kiln: ')}>"
 
 
 def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
@@ -160,13 +234,18 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     conv_gemm: str = "all",
     depthwise_kernels: bool = True,
     debug_dir: str | os.PathLike | None = None,
+    model_id: str | None = None,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
 
     Args:
-      exported_program: from ``torch.export.export`` (static shapes).
-      arg_inputs: optional example inputs, checked against the program.
+      exported_program: from ``torch.export.export`` (static shapes), or a
+        dict method name -> ExportedProgram (e.g. {"prefill": ..., "decode":
+        ...}): all methods go into one program, and weights they share are
+        stored once and loaded once on the GPU. Options apply to every method.
+      arg_inputs: optional example inputs, checked against the program (for a
+        dict of programs: a dict method name -> inputs, for some or all).
       enabled_precisions: dtypes engines may compute in, a subset of
         {torch.float32, torch.float16, torch.bfloat16}.
       min_block_size: partitions with fewer ops stay on the CPU.
@@ -181,16 +260,24 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         activation after them fused in (False: cuDNN).
       debug_dir: when given, the IR after every compiler pass is written to
         <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
+      model_id: names this model in its weights' keys in the program's named
+        data ("kiln/<model_id>/<content hash>-<size>"); 1-64 characters of
+        A-Z a-z 0-9 . _ -. Default: a hash of the model's weights.
     """
     return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
-                      debug_dir=debug_dir)
+                      debug_dir=debug_dir, model_id=model_id)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
-               use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None) -> CompiledProgram:
+               use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
+               model_id=None) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
-    check_exported_program(exported_program, caller)
+    programs, given_dict = check_programs(exported_program, caller)
+    check_not_per_method(caller, enabled_precisions=enabled_precisions, min_block_size=min_block_size,
+                         target_sms=target_sms, use_cuda_graphs=use_cuda_graphs, conv_gemm=conv_gemm,
+                         depthwise_kernels=depthwise_kernels, debug_dir=debug_dir, model_id=model_id)
+    model_id = _weights.check_model_id(model_id) if model_id is not None else _weights.default_model_id(programs)
     options = validate_options(
         enabled_precisions=enabled_precisions,
         min_block_size=min_block_size,
@@ -199,11 +286,27 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         conv_gemm=conv_gemm,
         depthwise_kernels=depthwise_kernels,
         debug_dir=debug_dir,
+        weights_prefix=_weights.key_prefix(model_id),
     )
     if arg_inputs is not None:
-        check_arg_inputs(exported_program, arg_inputs)
-    manager, summary = lower(exported_program, options)
-    return CompiledProgram(manager, options, summary, exported_program)
+        if given_dict:
+            if not isinstance(arg_inputs, dict):
+                raise TypeError(f"{caller}: with a dict of programs, arg_inputs must be a dict "
+                                f"method name -> inputs, got {type(arg_inputs).__name__}")
+            unknown = sorted(set(arg_inputs) - set(programs), key=str)
+            if unknown:
+                raise ValueError(f"{caller}: arg_inputs names method(s) {unknown} that are not in "
+                                 f"the programs ({sorted(programs)})")
+            for name, inputs in arg_inputs.items():
+                try:
+                    check_arg_inputs(programs[name], inputs)
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"method {name!r}: {e}") from None
+        else:
+            check_arg_inputs(programs["forward"], arg_inputs)
+    manager, summaries = lower(programs if given_dict else programs["forward"], options)
+    return CompiledProgram(manager, options, merge_summaries(summaries),
+                           programs if given_dict else programs["forward"], summaries, model_id)
 
 
 def _device_io_requested(backend_config: ExecutorchBackendConfig | None) -> bool:
@@ -245,8 +348,16 @@ def save(
     output_format: str = "executorch",
     use_cuda_graphs: bool | None = None,
     backend_config: ExecutorchBackendConfig | None = None,
+    external_weights: str | os.PathLike | None = None,
 ) -> Path:
     """Writes `compiled` as one ExecuTorch .pte; returns the path.
+
+    ``external_weights`` (a path ending in ``.ptd``): Kiln's weights go to that
+    ExecuTorch data file instead of the .pte (the .pte then holds only the
+    program and its engines); load both, e.g. ``Runtime.get().load_program(
+    pte, data_path=ptd)`` or ``kiln_runner --data_path=ptd``. The .ptd is
+    written next to nothing else: only the given path. Weights shared by
+    several methods are in it once.
 
     ``backend_config`` is passed to ``to_executorch`` as is, e.g.
     ``ExecutorchBackendConfig(propagate_device_config=PropagateDeviceConfig(
@@ -283,6 +394,21 @@ def save(
             f"got {type(backend_config).__name__}"
         )
 
+    ptd_path = None
+    if external_weights is not None:
+        if not isinstance(external_weights, (str, os.PathLike)):
+            raise TypeError(f"kiln.save: external_weights must be a path (str or os.PathLike) ending in "
+                            f".ptd, or None; got {type(external_weights).__name__}")
+        ptd_path = Path(external_weights)
+        if ptd_path.suffix != ".ptd" or ptd_path.name == ".ptd":
+            raise ValueError(f"kiln.save: external_weights {str(external_weights)!r} must name a file "
+                             "ending in .ptd (ExecuTorch's data file)")
+        if not compiled.options.weights_prefix:
+            raise ValueError("kiln.save: external_weights needs engines whose weights are named data; "
+                             "this program was lowered without (compile it with kiln.compile)")
+        if ptd_path.resolve() == Path(path).resolve():
+            raise ValueError("kiln.save: external_weights must differ from the .pte path")
+
     manager = compiled.edge_program_manager
     cuda_graphs = compiled.options.cuda_graphs_choice if use_cuda_graphs is None else use_cuda_graphs
     # Device-resident I/O: the delegates must declare their GPU so ExecuTorch
@@ -318,13 +444,31 @@ def save(
             conv_gemm=compiled.options.conv_gemm,
             depthwise_kernels=compiled.options.depthwise_kernels,
             debug_dir=compiled.options.debug_dir,
+            weights_prefix=compiled.options.weights_prefix,
         )
         manager, _ = lower(compiled.exported_program, options)
 
+    if ptd_path is not None:
+        _weights.move_to_external_file(manager, ptd_path.name)
     program = manager.to_executorch(backend_config) if backend_config is not None else manager.to_executorch()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         program.write_to_file(f)
     logger.info("kiln: wrote %s (%d bytes)", path, path.stat().st_size)
+    if ptd_path is not None:
+        _write_ptd(program, ptd_path)
     return path
+
+
+def _write_ptd(program, ptd_path: Path) -> None:
+    """Writes the external data file `ptd_path` (ExecuTorch names it by its
+    tag, the file name). A program with no Kiln weights has none to write:
+    refused, so a missing .ptd is never mistaken for a written one."""
+    ptd_path.parent.mkdir(parents=True, exist_ok=True)
+    data = getattr(program, "_tensor_data", None) or {}
+    if ptd_path.name not in data:
+        raise RuntimeError(f"kiln.save: ExecuTorch produced no data file {ptd_path.name!r} "
+                           f"(it produced {sorted(data)})")
+    program.write_tensor_data_to_file(str(ptd_path.parent))
+    logger.info("kiln: wrote %s (%d bytes)", ptd_path, ptd_path.stat().st_size)

@@ -24,16 +24,31 @@ def announce(line: str) -> None:
 class LoweringProgress:
     """Counts the partitions of one lowering. The partitioner calls start()
     with its summary; ExecuTorch then calls KilnBackend.preprocess once per
-    partition, in tag order, which calls partition() and engine()."""
+    partition, in tag order, which calls partition() and engine(). With
+    several methods ExecuTorch partitions every method first, then
+    preprocesses them in the same order: summaries wait in a queue."""
 
     def __init__(self) -> None:
-        self._summary = None  # a PartitionSummary while a lowering is running
+        self._summary = None  # the PartitionSummary whose partitions preprocess is reaching
+        self._pending: list = []  # summaries of methods partitioned but not yet preprocessed
         self._started = 0
         self._engine_bytes: list[int] = []
         self._current = ""  # "i/N" of the partition being compiled
 
+    def reset(self) -> None:
+        """A new lowering begins: forget what an interrupted one left."""
+        self._summary, self._pending, self._started, self._engine_bytes = None, [], 0, []
+
     def start(self, summary) -> None:
-        self._summary, self._started, self._engine_bytes = summary, 0, []
+        if summary.partitions == 0:
+            return  # nothing of this method reaches preprocess
+        self._pending.append(summary)
+        if self._summary is None:
+            self._next()
+
+    def _next(self) -> None:
+        self._summary = self._pending.pop(0) if self._pending else None
+        self._started, self._engine_bytes = 0, []
 
     def partition(self, nodes: int, compiled_earlier: bool = False) -> None:
         """preprocess reached a partition; `compiled_earlier`: its engine was
@@ -61,7 +76,7 @@ class LoweringProgress:
         summary = self._summary
         if summary is not None and len(self._engine_bytes) == summary.partitions:
             announce(summary.final_line(self._engine_bytes))
-            self._summary = None
+            self._next()
 
 
 progress = LoweringProgress()

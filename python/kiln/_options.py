@@ -50,6 +50,11 @@ class KilnOptions:
     # A folder for the IR after each compiler pass ("" = none); each
     # partition gets a subfolder. Not stored in the .pte.
     debug_dir: str = ""
+    # "kiln/<model id>/": engines keep their weights in ExecuTorch named data
+    # under this prefix + content hash (_weights.py), so weights that several
+    # methods use are stored and uploaded once. "" keeps them inside each
+    # engine (a KilnPartitioner used without kiln.compile).
+    weights_prefix: str = ""
 
     # ---- compile specs ---------------------------------------------------
     def to_compile_specs(self) -> list[CompileSpec]:
@@ -61,7 +66,7 @@ class KilnOptions:
             CompileSpec("emit_ptx", b"1" if self.emit_ptx else b"0"),
             CompileSpec("conv_gemm", self.conv_gemm.encode()),
             CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
-        ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else [])
+        ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else [])
 
     @staticmethod
     def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
@@ -88,6 +93,8 @@ class KilnOptions:
                 values["depthwise_kernels"] = text == "1"
             elif spec.key == "debug_dir":
                 values["debug_dir"] = text
+            elif spec.key == "weights_prefix":
+                values["weights_prefix"] = text
             else:
                 raise ValueError(f"KilnBackend: unknown compile spec key {spec.key!r}")
         return validate_options(
@@ -102,6 +109,7 @@ class KilnOptions:
             conv_gemm=values.get("conv_gemm", "all"),
             depthwise_kernels=values.get("depthwise_kernels", True),
             debug_dir=values.get("debug_dir", ""),
+            weights_prefix=values.get("weights_prefix", ""),
         )
 
     # ---- for messages and summaries -------------------------------------
@@ -142,6 +150,7 @@ def validate_options(
     conv_gemm: Any = "all",
     depthwise_kernels: Any = True,
     debug_dir: Any = None,
+    weights_prefix: Any = "",
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument."""
@@ -206,6 +215,9 @@ def validate_options(
     if not isinstance(debug_dir, (str, os.PathLike)):
         raise TypeError(f"debug_dir: expected a path or None, got {type(debug_dir).__name__}")
     debug_dir = os.fspath(debug_dir)
+    if not isinstance(weights_prefix, str) or (
+            weights_prefix and not re.fullmatch(r"kiln/[A-Za-z0-9._-]{1,64}/", weights_prefix)):
+        raise ValueError(f"weights_prefix: expected '' or 'kiln/<model id>/', got {weights_prefix!r}")
     return KilnOptions(
         enabled_precisions=precisions,
         min_block_size=min_block_size,
@@ -216,4 +228,5 @@ def validate_options(
         conv_gemm=conv_gemm,
         depthwise_kernels=depthwise_kernels,
         debug_dir=debug_dir,
+        weights_prefix=weights_prefix,
     )

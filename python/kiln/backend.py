@@ -15,9 +15,9 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from . import _fx_nodes, _trial
+from . import _fx_nodes, _trial, _weights
 from ._logging import announce, progress
-from ._native import CompileError
+from ._native import CompileError, native
 from ._options import KilnOptions
 from .graph_builder import build
 
@@ -64,4 +64,9 @@ class KilnBackend(BackendDetails):
         else:
             progress.partition(nodes, compiled_earlier=True)
         progress.engine(len(engine))
-        return PreprocessResult(processed_bytes=engine)
+        if not options.weights_prefix:
+            return PreprocessResult(processed_bytes=engine)
+        # Weights go to the program's named data, keyed by model and content,
+        # so the engines of every method that use one share one copy.
+        engine, entries = native().externalize_weights(engine, options.weights_prefix)
+        return PreprocessResult(processed_bytes=engine, data_store_output=_weights.named_data(entries))

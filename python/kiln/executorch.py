@@ -16,7 +16,7 @@ from ._options import DEFAULT_TARGET_SMS
 
 
 def export(
-    exported_program: ExportedProgram,
+    exported_program: ExportedProgram | dict[str, ExportedProgram],
     arg_inputs: Sequence[torch.Tensor] | None = None,
     enabled_precisions: Any = frozenset({torch.float32}),
     min_block_size: int = 1,
@@ -25,9 +25,14 @@ def export(
     conv_gemm: str = "all",
     depthwise_kernels: bool = True,
     debug_dir: str | os.PathLike | None = None,
+    model_id: str | None = None,
 ) -> EdgeProgramManager:
-    """Lowers `exported_program` with KilnPartitioner; same options as
-    ``kiln.compile``. Returns the EdgeProgramManager."""
+    """Lowers `exported_program` (one ExportedProgram, or a dict method name
+    -> ExportedProgram for a multi-method program) with KilnPartitioner; same
+    options as ``kiln.compile``. Returns the EdgeProgramManager; its
+    ``to_executorch()`` gives one program with every method, Kiln's weights
+    in its named data (once each)."""
     return compile_as("kiln.executorch.export", exported_program, arg_inputs, enabled_precisions,
                       min_block_size, target_sms, use_cuda_graphs, conv_gemm=conv_gemm,
-                      depthwise_kernels=depthwise_kernels, debug_dir=debug_dir).edge_program_manager
+                      depthwise_kernels=depthwise_kernels, debug_dir=debug_dir,
+                      model_id=model_id).edge_program_manager

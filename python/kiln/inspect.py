@@ -7,7 +7,10 @@ the check that a .pte is intact.
 Per method: its delegates in order. Per Kiln engine: the SMs it carries code
 for, the options baked in, its inputs and outputs, each step (fused op group
 label, GEMM shape or kernel launch shape), and the memory plan (arena size,
-each arena tensor's offset and size, weights). Exit status 1 on any problem.
+each arena tensor's offset and size, weights). Weights kept in the program's
+named data are listed per method, with the methods that share them and
+whether the bytes are in this file or in an external .ptd. Exit status 1 on
+any problem.
 """
 
 from __future__ import annotations
@@ -26,10 +29,25 @@ KILN_BACKENDS = ("KilnBackend",)
 def delegate_blobs(data: bytes, path: Path | str = "<bytes>") -> list[dict]:
     """One dict per delegate call in the program: method, backend id, compile
     specs and the processed blob. Raises ValueError if `data` does not parse."""
+    return _read_program(data, path)[0]
+
+
+def named_data_sizes(data: bytes, path: Path | str = "<bytes>") -> dict[str, int]:
+    """Key -> byte size of the named data stored in the program file itself
+    (not in an external .ptd)."""
+    return _read_program(data, path)[1]
+
+
+def _read_program(data: bytes, path: Path | str) -> tuple[list[dict], dict[str, int]]:
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     try:
-        program = deserialize_pte_binary(data).program
+        pte = deserialize_pte_binary(data)
+        program = pte.program
+        named: dict[str, int] = {}
+        if pte.named_data is not None:
+            named = {key: len(pte.named_data.buffers[entry.buffer_index])
+                     for key, entry in pte.named_data.pte_data.items()}
         out = []
         for plan in program.execution_plan:
             for delegate in plan.delegates:
@@ -44,7 +62,7 @@ def delegate_blobs(data: bytes, path: Path | str = "<bytes>") -> list[dict]:
         raise ValueError(
             f"{path}: not a readable ExecuTorch program (truncated or corrupt: {type(e).__name__}: {e})"
         ) from None
-    return out
+    return out, named
 
 
 def _tensor(info: dict, index: int) -> dict:
@@ -62,12 +80,51 @@ def _summarize(engine: dict) -> None:
                     "outputs": [_tensor(engine, i) for i in engine["outputs"]]}
     arena = [_tensor(engine, i) for i, t in enumerate(engine["tensors"]) if t["storage"] == "arena"]
     weights = [t for t in engine["tensors"] if t["storage"] == "weight"]
+    named = engine["named_weights"]
+    for t in engine["tensors"]:
+        if t["storage"] == "named_weight":
+            named[t["io_index"]].setdefault("tensors", []).append(t["name"])
     engine["memory_plan"] = {
         "arena_bytes": engine["arena_bytes"],
         "arena_tensors": sorted(arena, key=lambda t: (t["offset"], t["index"])),
         "weights_bytes": engine["weights_bytes"],
         "weight_tensors": len(weights),
+        "named_weights_bytes": sum(n["nbytes"] for n in named),
+        "named_weight_tensors": len(named),
     }
+
+
+def _share(engines: list[dict], in_file: dict[str, int]) -> dict:
+    """Per method: its named weights (each key once), bytes, and which other
+    methods use the same keys. Marks each engine's weights with where they
+    are stored and the other methods sharing them."""
+    keys: dict[str, dict[str, int]] = {}  # method -> key -> nbytes
+    for e in engines:
+        for n in e["named_weights"]:
+            keys.setdefault(e["method"], {})[n["key"]] = n["nbytes"]
+    methods = {}
+    for method, mine in keys.items():
+        shared = {}
+        for other, theirs in keys.items():
+            common = set(mine) & set(theirs)
+            if other != method and common:
+                shared[other] = {"tensors": len(common), "bytes": sum(mine[k] for k in common)}
+        methods[method] = {"weight_tensors": len(mine), "weight_bytes": sum(mine.values()),
+                           "shared_with": shared}
+    for e in engines:
+        mine = {n["key"] for n in e["named_weights"]}
+        e["weights_shared_with"] = sorted(m for m, theirs in keys.items()
+                                          if m != e["method"] and mine & set(theirs))
+        stored = {"file" if n["key"] in in_file else "external" for n in e["named_weights"]}
+        e["weights_stored"] = "+".join(sorted(stored)) if stored else ""
+    return methods
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def inspect_pte(path: str | Path) -> dict:
@@ -80,7 +137,8 @@ def inspect_pte(path: str | Path) -> dict:
         raise ValueError(f"{path}: not an ExecuTorch program (no 'ET12' identifier at bytes 4..8)")
     methods: dict[str, list[str]] = {}
     engines = []
-    for index, d in enumerate(delegate_blobs(data, path)):
+    blobs, in_file = _read_program(data, path)
+    for index, d in enumerate(blobs):
         methods.setdefault(d["method"], []).append(d["backend"])
         if d["backend"] not in KILN_BACKENDS:
             continue
@@ -94,7 +152,16 @@ def inspect_pte(path: str | Path) -> dict:
                       bytes=len(d["blob"]), compile_specs=d["compile_specs"])
         _summarize(engine)
         engines.append(engine)
-    return {"file": str(path), "bytes": len(data), "delegates": methods, "engines": engines}
+    weights = _share(engines, in_file)
+    used = {n["key"]: n["nbytes"] for e in engines for n in e["named_weights"]}
+    named_data = {
+        "in_file": {"entries": sum(1 for k in used if k in in_file),
+                    "bytes": sum(n for k, n in used.items() if k in in_file)},
+        "external": {"entries": sum(1 for k in used if k not in in_file),
+                     "bytes": sum(n for k, n in used.items() if k not in in_file)},
+    }
+    return {"file": str(path), "bytes": len(data), "delegates": methods, "engines": engines,
+            "method_weights": weights, "named_data": named_data}
 
 
 def _shape(t: dict) -> str:
@@ -130,7 +197,14 @@ def _describe_engine(e: dict) -> list[str]:
     lines.append(f"  steps ({len(e['steps'])}; label = the fused op group):")
     lines += [_step_line(n, s) for n, s in enumerate(e["steps"], 1)]
     lines.append(f"  memory plan: arena {plan['arena_bytes']:,} B, weights {plan['weights_bytes']:,} B "
-                 f"in {plan['weight_tensors']} tensors")
+                 f"in {plan['weight_tensors']} tensors inside the engine")
+    if plan["named_weight_tensors"]:
+        where = {"file": "in this file", "external": "in an external .ptd",
+                 "external+file": "in this file and an external .ptd"}[e["weights_stored"]]
+        shared = e["weights_shared_with"]
+        lines.append(f"  weights: {plan['named_weight_tensors']} tensors, {_size(plan['named_weights_bytes'])} "
+                     f"({plan['named_weights_bytes']:,} B) as named data {where}"
+                     + (", shared with " + ", ".join(f"method '{m}'" for m in shared) if shared else ""))
     for t in plan["arena_tensors"]:
         lines.append(f"    arena offset {t['offset']:>10,} size {t['nbytes']:>10,}  {t['name']} {_shape(t)}")
     return lines
@@ -140,7 +214,22 @@ def describe(info: dict) -> str:
     """The human-readable report of an inspect_pte() result."""
     lines = [f"{info['file']}: {info['bytes']:,} bytes, {len(info['delegates'])} method(s) with delegates"]
     for method, backends in info["delegates"].items():
-        lines.append(f"method '{method}': {len(backends)} delegate(s) {backends}")
+        line = f"method '{method}': {len(backends)} delegate(s) {backends}"
+        w = info.get("method_weights", {}).get(method)
+        if w:
+            line += f"; weights: {w['weight_tensors']} tensors, {_size(w['weight_bytes'])}"
+            line += "".join(f", {s['tensors']} ({_size(s['bytes'])}) shared with method '{other}'"
+                            for other, s in sorted(w["shared_with"].items()))
+        lines.append(line)
+    nd = info.get("named_data")
+    if nd and (nd["in_file"]["entries"] or nd["external"]["entries"]):
+        parts = []
+        if nd["in_file"]["entries"]:
+            parts.append(f"{nd['in_file']['entries']} weights, {_size(nd['in_file']['bytes'])} in this file")
+        if nd["external"]["entries"]:
+            parts.append(f"{nd['external']['entries']} weights, {_size(nd['external']['bytes'])} in an "
+                         "external .ptd (load with data_path)")
+        lines.append("named data (each stored once): " + "; ".join(parts))
     if not info["delegates"]:
         lines.append("no delegates: everything runs on ExecuTorch's CPU kernels")
     for e in info["engines"]:

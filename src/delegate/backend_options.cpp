@@ -20,6 +20,8 @@ enum class Key {
   kGraphRecords,
   kRuns,
   kSharedEngineLoads,
+  kNamedWeightUploads,
+  kNamedWeightReuses,
 };
 
 struct KeyInfo {
@@ -39,6 +41,8 @@ constexpr KeyInfo kKeys[] = {
     {"graph_records", Key::kGraphRecords, false, false},
     {"runs", Key::kRuns, false, false},
     {"shared_engine_loads", Key::kSharedEngineLoads, false, false},
+    {"named_weight_uploads", Key::kNamedWeightUploads, false, false},
+    {"named_weight_reuses", Key::kNamedWeightReuses, false, false},
 };
 
 // The key of `option` as a bounded string (the array may lack a NUL).
@@ -175,6 +179,8 @@ Status fill_get_options(et::Span<et::BackendOption> options, const ProcessOption
       case Key::kGraphRecords: value = saturate(counters.graph_records); break;
       case Key::kRuns: value = saturate(counters.runs); break;
       case Key::kSharedEngineLoads: value = saturate(counters.shared_engine_loads); break;
+      case Key::kNamedWeightUploads: value = saturate(counters.named_weight_uploads); break;
+      case Key::kNamedWeightReuses: value = saturate(counters.named_weight_reuses); break;
     }
   }
   return Status::ok();

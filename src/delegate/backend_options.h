@@ -13,7 +13,9 @@
 //   use_shared_engines  bool
 // Read-only counters for get_option (int, totals over every handle in the
 // process, saturating at INT_MAX): h2d_copies, d2h_copies, graph_launches,
-// graph_records, runs, shared_engine_loads.
+// graph_records, runs, shared_engine_loads, named_weight_uploads (named
+// weights copied to a GPU), named_weight_reuses (named weights an engine
+// found already on its GPU: uploaded once, shared by methods and loads).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,8 @@ struct CounterValues {
   uint64_t graph_records = 0;
   uint64_t runs = 0;
   uint64_t shared_engine_loads = 0;
+  uint64_t named_weight_uploads = 0;
+  uint64_t named_weight_reuses = 0;
 };
 
 // Validates every entry of `options` (known key, bool value, no key twice)

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <new>
 #include <utility>
@@ -52,7 +54,7 @@ struct ProcessState {
   std::mutex mutex;  // guards `options`
   ProcessOptions options;
   std::atomic<uint64_t> h2d_copies{0}, d2h_copies{0}, graph_launches{0}, graph_records{0},
-      runs{0}, shared_engine_loads{0};
+      runs{0}, shared_engine_loads{0}, named_weight_uploads{0}, named_weight_reuses{0};
 };
 
 ProcessState& process_state() {
@@ -108,6 +110,29 @@ kiln::Status pick_stream(int engine_device, cudaStream_t* stream) {
   *stream = caller;
   return kiln::Status::ok();
 }
+
+// The program's named data (ExecuTorch NamedDataMap: the .pte's own named
+// data merged with a .ptd given at load) as the runtime's WeightSource.
+class NamedDataSource : public runtime::WeightSource {
+ public:
+  explicit NamedDataSource(const et::NamedDataMap* map) : map_(map) {}
+  kiln::Status read(const std::string& key,
+                    const std::function<kiln::Status(const void*, size_t)>& use) const override {
+    et::Result<et::FreeableBuffer> buffer = map_->get_data(key.c_str());
+    if (!buffer.ok())
+      return make_status(StatusCode::kInvalidArgument,
+                         "named weight '%s' is not in the program's named data (ExecuTorch "
+                         "error 0x%x); a .pte saved with external weights must be loaded with "
+                         "its .ptd file (data_path), from the same export",
+                         key.c_str(), static_cast<unsigned>(buffer.error()));
+    kiln::Status status = use(buffer->data(), buffer->size());
+    buffer->Free();
+    return status;
+  }
+
+ private:
+  const et::NamedDataMap* map_;  // the method's; outlives init
+};
 
 // Checked once: the answer does not change while the process runs.
 const kiln::Status& gpu_status() {
@@ -270,8 +295,11 @@ et::Result<DelegateHandle*> KilnBackend::init(
   Result<int> device = runtime::current_device();
   if (!device.is_ok()) return to_executorch_error(device.status(), kPrefix);
   runtime::EngineLoadStats load_stats;
+  const et::NamedDataMap* named_data = context.get_named_data_map();
+  NamedDataSource source(named_data);
   Result<std::shared_ptr<const runtime::Engine>> loaded = runtime::load_engine_shared(
-      *data, processed->size(), device.value(), /*options_key=*/0, share, &load_stats);
+      *data, processed->size(), device.value(), /*options_key=*/0, share,
+      named_data != nullptr ? &source : nullptr, &load_stats);
   if (!loaded.is_ok()) return to_executorch_error(loaded.status(), kPrefix);
   std::shared_ptr<const runtime::Engine> shared = std::move(loaded).value();
   const size_t n_inputs = shared->num_inputs(), n_outputs = shared->num_outputs();
@@ -283,6 +311,8 @@ et::Result<DelegateHandle*> KilnBackend::init(
                     n_inputs, n_outputs, kMaxEngineArgs),
         kPrefix);
   if (load_stats.shared) ++process_state().shared_engine_loads;
+  process_state().named_weight_uploads += load_stats.named.uploaded;
+  process_state().named_weight_reuses += load_stats.named.reused;
 
   runtime::ContextOptions context_options;
   GraphsSource graphs_source = GraphsSource::kProcessDefault;
@@ -311,12 +341,27 @@ et::Result<DelegateHandle*> KilnBackend::init(
   runtime::ExecutionContext& ctx = *handle->context;
 
   const runtime::DeviceInfo& info = shared->device_info();
+  const size_t named_count = shared->named_weights().size();
+  if (named_count > 0)
+    ET_LOG(Info,
+           "KilnBackend: method '%s': named weights: %zu tensors, %" PRIu64 " bytes: %zu uploaded "
+           "(%" PRIu64 " bytes), %zu already on GPU %d (%" PRIu64 " bytes)%s%s",
+           context.get_method_name() != nullptr ? context.get_method_name() : "?", named_count,
+           shared->named_weights_bytes(), load_stats.named.uploaded,
+           load_stats.named.uploaded_bytes,
+           load_stats.shared ? named_count : load_stats.named.reused, info.ordinal,
+           load_stats.shared ? shared->named_weights_bytes() : load_stats.named.reused_bytes,
+           load_stats.shared ? ", with the whole engine of an earlier load" : "",
+           load_stats.named.mismatches > 0
+               ? "; a weight on the GPU had the same key but other bytes: loaded separately"
+               : "");
   ET_LOG(Info,
          "KilnBackend: loaded engine for method '%s': %zu steps, %zu inputs, %zu outputs, "
          "%zu bytes of weights (%s), %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "
          "(%s, sm_%d)",
          context.get_method_name() != nullptr ? context.get_method_name() : "?",
-         shared->desc().steps.size(), n_inputs, n_outputs, shared->weights_bytes(),
+         shared->desc().steps.size(), n_inputs, n_outputs,
+         shared->weights_bytes() + static_cast<size_t>(shared->named_weights_bytes()),
          load_stats.shared ? "shared with an earlier load" : share ? "shareable" : "private",
          static_cast<size_t>(shared->desc().arena_bytes),
          ctx.uses_shared_scratch() ? "shared scratch" : "own",
@@ -405,6 +450,8 @@ Error KilnBackend::get_option(et::BackendOptionContext& context,
   counters.graph_records = state.graph_records;
   counters.runs = state.runs;
   counters.shared_engine_loads = state.shared_engine_loads;
+  counters.named_weight_uploads = state.named_weight_uploads;
+  counters.named_weight_reuses = state.named_weight_reuses;
   kiln::Status status = fill_get_options(backend_options, current_options(), counters);
   if (!status.is_ok()) return to_executorch_error(status, "KilnBackend: get_option refused");
   return Error::Ok;

@@ -65,7 +65,7 @@ class KILN_DELEGATE_API KilnBackend final : public executorch::runtime::BackendI
 
   // Fills each requested key: the three settings (bool) and the process-wide
   // counters (int) h2d_copies, d2h_copies, graph_launches, graph_records,
-  // runs, shared_engine_loads.
+  // runs, shared_engine_loads, named_weight_uploads, named_weight_reuses.
   executorch::runtime::Error get_option(
       executorch::runtime::BackendOptionContext& context,
       executorch::runtime::Span<executorch::runtime::BackendOption>& backend_options) override;

@@ -6,7 +6,9 @@
 // An engine is a launch plan: a list of steps (cuBLASLt GEMMs, cuDNN
 // convolutions and generated kernels) over tensors that live in one of four places: an engine input, an
 // engine output, the activation arena (one buffer, offsets planned by tensor
-// lifetime) or the weights blob (uploaded once at load).
+// lifetime), the weights blob (uploaded once at load) or a named weight: bytes
+// kept outside the engine (ExecuTorch named data, in the .pte or a .ptd) under
+// a key, uploaded once per process and GPU and shared by every engine naming it.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +38,14 @@ enum class StorageKind : uint8_t {
   kOutput = 1,  // engine output number `io_index`; offset unused
   kArena = 2,   // activation arena at `offset`
   kWeight = 3,  // weights blob at `offset`
+  kNamedWeight = 4,  // named weight number `io_index` (EngineDesc::named_weights), at `offset`
 };
+constexpr uint8_t kStorageKindCount = 5;
+
+// Weights live in the blob or in named data; both are read-only to steps.
+inline bool is_weight(StorageKind kind) {
+  return kind == StorageKind::kWeight || kind == StorageKind::kNamedWeight;
+}
 
 constexpr uint32_t kMaxRank = 8;
 constexpr uint32_t kNoTensor = 0xffffffffu;
@@ -46,8 +55,8 @@ struct TensorDesc {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;  // static, contiguous row-major
   StorageKind storage = StorageKind::kArena;
-  uint32_t io_index = 0;  // for kInput / kOutput
-  uint64_t offset = 0;    // byte offset for kArena / kWeight
+  uint32_t io_index = 0;  // for kInput / kOutput; the named weight for kNamedWeight
+  uint64_t offset = 0;    // byte offset for kArena / kWeight / kNamedWeight
   uint64_t nbytes = 0;    // product(shape) * dtype_size(dtype)
 };
 
@@ -160,6 +169,17 @@ struct Step {
   ConvStep conv;      // valid when kind == kConv
 };
 
+// A weight whose bytes are not in the engine: the runtime asks the program's
+// named data (ExecuTorch NamedDataMap) for `key` and checks that exactly
+// `nbytes` bytes with hash_bytes() == `hash` came back before using them.
+// Keys are made at export (python/kiln/_weights.py): "kiln/<model id>/<hash>",
+// unique per model and per content.
+struct NamedWeight {
+  std::string key;
+  uint64_t nbytes = 0;
+  uint64_t hash = 0;
+};
+
 struct EngineDesc {
   std::vector<TensorDesc> tensors;
   std::vector<uint32_t> inputs;   // tensor indices, in delegate argument order
@@ -167,7 +187,8 @@ struct EngineDesc {
   std::vector<KernelModule> modules;
   std::vector<Step> steps;
   uint64_t arena_bytes = 0;
-  std::vector<uint8_t> weights;  // every constant; offsets 256-byte aligned
+  std::vector<uint8_t> weights;  // constants kept inline; offsets 256-byte aligned
+  std::vector<NamedWeight> named_weights;  // constants kept outside (kNamedWeight tensors)
   // Free-form facts for inspect and for options baked in at export, e.g.
   // {"precision", "float16"}, {"target_sms", "87,90"}, {"use_cuda_graphs", "true"}.
   std::vector<std::pair<std::string, std::string>> metadata;

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -26,7 +27,9 @@ constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
 // kIncompatible (re-export the model with this Kiln). Version 2: batched
 // GEMM fields and conv steps. Version 3: each step's payload is preceded by
 // its byte size (step kinds register their own codecs, step_format.h).
-constexpr uint32_t kEngineFormatVersion = 3;
+// Version 4: named weights (a `named_weights` section, storage kind
+// kNamedWeight), so weights can live outside the engine and be shared.
+constexpr uint32_t kEngineFormatVersion = 4;
 
 // Serializes `desc`. Fails (kInvalidArgument) when `desc` is inconsistent,
 // e.g. an index out of range, so a bad engine is never written.
@@ -39,6 +42,20 @@ Result<EngineDesc> parse_engine(const void* data, size_t size);
 // Checks the structure of a parsed or hand-built engine: indices in range,
 // tensor sizes consistent with shapes, storage inside the arena/weights.
 Status validate_engine(const EngineDesc& desc);
+
+// 64-bit hash of `size` bytes (8 bytes per step, multiply-xorshift mixing;
+// ~10 GB/s; not cryptographic). Names the content of a named weight (its key
+// and its check at load) and keys the runtime's engine cache.
+uint64_t hash_bytes(const void* data, size_t size);
+
+// Moves every inline weight (kWeight tensor) of `desc` out of the engine:
+// each distinct weight content becomes a NamedWeight keyed
+// `key_prefix + <16 hex digits of hash_bytes>`, its tensors kNamedWeight, and
+// `desc.weights` is emptied. Returns the bytes of each named weight, in
+// `desc.named_weights` order. `key_prefix` must be non-empty. Weights that
+// were already named stay as they are.
+Result<std::vector<std::vector<uint8_t>>> externalize_weights(EngineDesc* desc,
+                                                              const std::string& key_prefix);
 
 // CRC-32C (Castagnoli) of `size` bytes.
 uint32_t crc32c(const void* data, size_t size, uint32_t seed = 0);

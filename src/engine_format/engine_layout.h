@@ -36,8 +36,9 @@ enum class SectionKind : uint32_t {
   kModules = 4,
   kSteps = 5,
   kWeights = 6,
+  kNamedWeights = 7,  // format version 4
 };
-constexpr uint32_t kSectionCount = 6;  // every kind exactly once
+constexpr uint32_t kSectionCount = 7;  // every kind exactly once
 
 inline const char* section_name(uint32_t kind) {
   switch (kind) {
@@ -47,6 +48,7 @@ inline const char* section_name(uint32_t kind) {
     case 4: return "modules";
     case 5: return "steps";
     case 6: return "weights";
+    case 7: return "named_weights";
   }
   return "unknown";
 }

@@ -27,6 +27,7 @@ constexpr size_t kMinTensorBytes = 4 + 1 + 1 + 1 + 4 + 8 + 8;
 constexpr size_t kMinModuleBytes = 4 + 4 + 4 + 4 + 4;
 constexpr size_t kMinCubinBytes = 4 + 4;
 constexpr size_t kMinStepBytes = 1 + 4 + 4;  // kind, label length, payload size
+constexpr size_t kMinNamedWeightBytes = 4 + 8 + 8;
 
 Status parse_meta(ByteReader& r, EngineDesc* desc) {
   KILN_READ_OR_RETURN(r.read_u64(&desc->arena_bytes), "arena_bytes");
@@ -129,6 +130,19 @@ Status parse_steps(ByteReader& r, EngineDesc* desc) {
       return make_status(StatusCode::kCorruptData,
                          "step %u (%s '%s'): %zu bytes left over after its %u-byte payload", i,
                          format->name, s.label.c_str(), sub.remaining(), size);
+  }
+  return Status::ok();
+}
+
+Status parse_named_weights(ByteReader& r, EngineDesc* desc) {
+  uint32_t count = 0;
+  KILN_READ_OR_RETURN(r.read_count(&count, kMinNamedWeightBytes), "named weight count");
+  desc->named_weights.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    NamedWeight& n = desc->named_weights[i];
+    KILN_READ_OR_RETURN(r.read_string(&n.key), "named weight %u key", i);
+    KILN_READ_OR_RETURN(r.read_u64(&n.nbytes), "named weight %u nbytes", i);
+    KILN_READ_OR_RETURN(r.read_u64(&n.hash), "named weight %u hash", i);
   }
   return Status::ok();
 }
@@ -289,6 +303,8 @@ Result<EngineDesc> parse_engine(const void* data, size_t size) {
   if (status.is_ok()) status = parse_section(p, ref(SectionKind::kIo), parse_io, &desc);
   if (status.is_ok()) status = parse_section(p, ref(SectionKind::kModules), parse_modules, &desc);
   if (status.is_ok()) status = parse_section(p, ref(SectionKind::kSteps), parse_steps, &desc);
+  if (status.is_ok())
+    status = parse_section(p, ref(SectionKind::kNamedWeights), parse_named_weights, &desc);
   KILN_RETURN_IF_ERROR(status.with_context("parse_engine"));
 
   const SectionRef& weights = ref(SectionKind::kWeights);

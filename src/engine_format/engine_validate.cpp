@@ -24,6 +24,7 @@ namespace kiln::engine {
 namespace {
 
 constexpr uint64_t kWeightAlignment = 256;
+constexpr size_t kMaxNamedWeightKey = 256;
 
 class Validator {
  public:
@@ -32,6 +33,7 @@ class Validator {
   Status run() {
     KILN_RETURN_IF_ERROR(check_counts());
     KILN_RETURN_IF_ERROR(check_metadata());
+    KILN_RETURN_IF_ERROR(check_named_weights());
     numel_.resize(desc_.tensors.size());
     for (uint32_t i = 0; i < desc_.tensors.size(); ++i) KILN_RETURN_IF_ERROR(check_tensor(i));
     KILN_RETURN_IF_ERROR(check_io(desc_.inputs, StorageKind::kInput, "input"));
@@ -58,7 +60,7 @@ class Validator {
     // below kNoTensor.
     constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
     if (desc_.tensors.size() >= kMax || desc_.inputs.size() > kMax ||
-        desc_.outputs.size() > kMax || desc_.modules.size() > kMax ||
+        desc_.outputs.size() > kMax || desc_.modules.size() > kMax || desc_.named_weights.size() > kMax ||
         desc_.steps.size() > kMax || desc_.metadata.size() > kMax)
       return invalid("engine has too many tensors, io entries, modules, steps or metadata");
     return Status::ok();
@@ -74,13 +76,33 @@ class Validator {
     return Status::ok();
   }
 
+  // Keys are what the runtime shares by: each appears once, printable, and
+  // short enough for a log line.
+  Status check_named_weights() const {
+    std::unordered_set<std::string_view> keys;
+    for (size_t i = 0; i < desc_.named_weights.size(); ++i) {
+      const NamedWeight& n = desc_.named_weights[i];
+      if (n.key.empty() || n.key.size() > kMaxNamedWeightKey)
+        return invalid("named weight %zu: key length %zu is not in [1, %zu]", i, n.key.size(),
+                       kMaxNamedWeightKey);
+      for (char c : n.key)
+        if (c < 0x21 || c > 0x7e)
+          return invalid("named weight %zu: key has a byte 0x%02x that is not printable ASCII", i,
+                         static_cast<unsigned>(static_cast<unsigned char>(c)));
+      if (n.nbytes == 0) return invalid("named weight %zu '%s': 0 bytes", i, n.key.c_str());
+      if (!keys.insert(n.key).second)
+        return invalid("named weight key '%s' appears more than once", n.key.c_str());
+    }
+    return Status::ok();
+  }
+
   Status check_tensor(uint32_t i) {
     const TensorDesc& t = desc_.tensors[i];
     std::string label = tensor_label(i);
     if (static_cast<uint8_t>(t.dtype) >= kDTypeCount)
       return invalid("%s: dtype %u out of range", label.c_str(),
                      static_cast<unsigned>(t.dtype));
-    if (static_cast<uint8_t>(t.storage) > static_cast<uint8_t>(StorageKind::kWeight))
+    if (static_cast<uint8_t>(t.storage) >= kStorageKindCount)
       return invalid("%s: storage kind %u out of range", label.c_str(),
                      static_cast<unsigned>(t.storage));
     if (t.shape.size() > kMaxRank)
@@ -138,6 +160,22 @@ class Validator {
                          static_cast<unsigned long long>(t.offset),
                          static_cast<unsigned long long>(kWeightAlignment));
         break;
+      case StorageKind::kNamedWeight: {
+        if (t.io_index >= desc_.named_weights.size())
+          return invalid("%s: named weight %u out of range (engine has %zu)", label.c_str(),
+                         t.io_index, desc_.named_weights.size());
+        const NamedWeight& n = desc_.named_weights[t.io_index];
+        if (!checked_add(t.offset, t.nbytes, &end) || end > n.nbytes)
+          return invalid("%s: range [%llu, +%llu) lies outside the %llu-byte named weight '%s'",
+                         label.c_str(), static_cast<unsigned long long>(t.offset),
+                         static_cast<unsigned long long>(t.nbytes),
+                         static_cast<unsigned long long>(n.nbytes), n.key.c_str());
+        if (t.offset % kWeightAlignment != 0)
+          return invalid("%s: named weight offset %llu is not %llu-byte aligned", label.c_str(),
+                         static_cast<unsigned long long>(t.offset),
+                         static_cast<unsigned long long>(kWeightAlignment));
+        break;
+      }
     }
     return Status::ok();
   }

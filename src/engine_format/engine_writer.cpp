@@ -1,16 +1,17 @@
 // Engine serialization: EngineDesc -> bytes.
 //
-// On-disk layout, format version 3 (version 2 added batched GEMMs and conv
+// On-disk layout, format version 4 (version 2 added batched GEMMs and conv
 // steps; version 3 put each step's payload behind its byte size, so every
-// kind's codec reads exactly its own bytes; other versions are refused, see
+// kind's codec reads exactly its own bytes; version 4 added named weights,
+// section 7 and storage kind 4; other versions are refused, see
 // engine_format.h). All integers little-endian; "str" is a
 // u32 byte length followed by that many bytes (no terminator); "bytes" the
 // same for binary data.
 //
 // FileHeader, 32 bytes at offset 0:
 //   0  u8[8] magic "KILNENG\0"
-//   8  u32   format version (3)
-//   12 u32   section count (always 6)
+//   8  u32   format version (4)
+//   12 u32   section count (always 7)
 //   16 u64   total size of the engine in bytes
 //   24 u32   flags (0)
 //   28 u32   header CRC-32C over bytes [0, 28) followed by the section table
@@ -38,7 +39,11 @@
 //       |         |   its registered codec (step_format.h); each layout is at
 //       |         |   the top of steps/<kind>_step_format.cpp:
 //       |         |   gemm (0), kernel (1), conv (2)
-//   6   | weights | the raw weights blob
+//   6   | weights | the raw weights blob (inline weights, storage kind 3)
+//   7   | named_weights | u32 n; n x {str key; u64 nbytes; u64 hash}: weights
+//       |         |   outside the engine (storage kind 4, io_index = entry),
+//       |         |   fetched by key from the program's named data at load and
+//       |         |   checked against nbytes and hash (hash_bytes)
 //
 // Fields a step or argument kind does not use are not stored (they parse back
 // as their defaults). Enum values are EngineDesc's stable numbers.
@@ -75,6 +80,15 @@ void write_tensors(const EngineDesc& desc, ByteWriter* w) {
     w->put_u64(t.offset);
     w->put_u64(t.nbytes);
     for (int64_t d : t.shape) w->put_i64(d);
+  }
+}
+
+void write_named_weights(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(desc.named_weights.size()));
+  for (const NamedWeight& n : desc.named_weights) {
+    w->put_string(n.key);
+    w->put_u64(n.nbytes);
+    w->put_u64(n.hash);
   }
 }
 
@@ -141,11 +155,12 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
 
   // Every section but weights is encoded into its own buffer first; weights
   // are copied once, straight into the output.
-  ByteWriter meta, tensors, io, modules, steps;
+  ByteWriter meta, tensors, io, modules, steps, named;
   write_meta(desc, &meta);
   write_tensors(desc, &tensors);
   write_io(desc, &io);
   write_modules(desc, &modules);
+  write_named_weights(desc, &named);
   KILN_RETURN_IF_ERROR(write_steps(desc, &steps).with_context("serialize_engine"));
 
   struct Section {
@@ -153,7 +168,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
     const uint8_t* data;
     size_t size;
   };
-  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps};
+  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps, &named};
   Section sections[layout::kSectionCount] = {
       {SectionKind::kMeta, meta.buffer().data(), meta.size()},
       {SectionKind::kTensors, tensors.buffer().data(), tensors.size()},
@@ -161,6 +176,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
       {SectionKind::kModules, modules.buffer().data(), modules.size()},
       {SectionKind::kSteps, steps.buffer().data(), steps.size()},
       {SectionKind::kWeights, desc.weights.data(), desc.weights.size()},
+      {SectionKind::kNamedWeights, named.buffer().data(), named.size()},
   };
   for (const ByteWriter* w : writers)
     KILN_RETURN_IF_ERROR(w->status().with_context("serialize_engine"));

@@ -20,6 +20,7 @@ const char* storage_name(StorageKind kind) {
     case StorageKind::kOutput: return "output";
     case StorageKind::kArena: return "arena";
     case StorageKind::kWeight: return "weight";
+    case StorageKind::kNamedWeight: return "named_weight";
   }
   return "unknown";
 }
@@ -140,10 +141,53 @@ nb::dict inspect_engine(nb::bytes data) {
   out["modules"] = modules;
   out["arena_bytes"] = desc.arena_bytes;
   out["weights_bytes"] = desc.weights.size();
+  nb::list named;
+  for (const NamedWeight& n : desc.named_weights) {
+    nb::dict d;
+    d["key"] = n.key;
+    d["nbytes"] = n.nbytes;
+    d["hash"] = n.hash;
+    named.append(d);
+  }
+  out["named_weights"] = named;
   nb::dict metadata;
   for (const auto& [key, value] : desc.metadata) metadata[key.c_str()] = value;
   out["metadata"] = metadata;
   return out;
+}
+
+nb::tuple externalize_engine_weights(nb::bytes data, const std::string& key_prefix) {
+  std::vector<uint8_t> engine_bytes;
+  std::vector<std::vector<uint8_t>> weights;
+  std::vector<NamedWeight> named;
+  std::vector<std::string> names;  // one tensor name per named weight (the first using it)
+  {
+    nb::gil_scoped_release release;
+    Result<EngineDesc> parsed = parse_engine(data.c_str(), data.size());
+    if (!parsed.is_ok())
+      throw nb::value_error(("not a valid Kiln engine: " + parsed.status().to_string()).c_str());
+    EngineDesc desc = std::move(parsed).value();
+    Result<std::vector<std::vector<uint8_t>>> split = externalize_weights(&desc, key_prefix);
+    if (!split.is_ok()) throw nb::value_error(split.status().to_string().c_str());
+    weights = std::move(split).value();
+    named = desc.named_weights;
+    names.assign(named.size(), std::string());
+    for (const TensorDesc& t : desc.tensors)
+      if (t.storage == StorageKind::kNamedWeight && names[t.io_index].empty())
+        names[t.io_index] = t.name;
+    Result<std::vector<uint8_t>> bytes = serialize_engine(desc);
+    if (!bytes.is_ok()) throw nb::value_error(bytes.status().to_string().c_str());
+    engine_bytes = std::move(bytes).value();
+  }
+  nb::list entries;
+  for (size_t i = 0; i < named.size(); ++i) {
+    if (weights[i].empty()) continue;  // named before this call: its bytes are elsewhere
+    entries.append(nb::make_tuple(named[i].key, names[i],
+                                  nb::bytes(reinterpret_cast<const char*>(weights[i].data()),
+                                            weights[i].size())));
+  }
+  return nb::make_tuple(
+      nb::bytes(reinterpret_cast<const char*>(engine_bytes.data()), engine_bytes.size()), entries);
 }
 
 }  // namespace kiln::python

@@ -13,4 +13,10 @@ namespace nb = nanobind;
 // is not a valid engine.
 nb::dict inspect_engine(nb::bytes data);
 
+// engine::externalize_weights on serialized bytes: returns (engine bytes,
+// [(key, name of the first tensor using it, weight bytes)]) for the weights it
+// moved out; raises ValueError when `data` is not a valid engine or
+// `key_prefix` is empty.
+nb::tuple externalize_engine_weights(nb::bytes data, const std::string& key_prefix);
+
 }  // namespace kiln::python

@@ -201,5 +201,10 @@ NB_MODULE(_kiln_compiler, m) {
   m.def("pass_names", &compiler::pass_names, "The compiler's passes, in the order they run.");
   m.def("inspect_engine", &inspect_engine, "data"_a,
         "Parses engine bytes into a dict; raises ValueError when they are not a valid engine.");
+  m.def("externalize_weights", &externalize_engine_weights, "data"_a, "key_prefix"_a,
+        "Moves an engine's inline weights to named weights keyed key_prefix + content hash.\n"
+        "Returns (engine bytes, [(key, tensor name, weight bytes)]); raises ValueError.");
+  m.def("hash_bytes", [](nb::bytes data) { return engine::hash_bytes(data.c_str(), data.size()); },
+        "data"_a, "The 64-bit content hash named weights are keyed and checked by.");
   m.attr("ENGINE_FORMAT_VERSION") = engine::kEngineFormatVersion;
 }

@@ -28,7 +28,9 @@ std::string step_label(const EngineDesc& desc, size_t step) {
   return label;
 }
 
-Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device) {
+Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device,
+                                             const WeightSource* weights, bool share_weights,
+                                             NamedWeightLoadStats* stats) {
   // parse_engine already validated; this also covers hand-built descs so
   // every index below is safe.
   KILN_RETURN_IF_ERROR(engine::validate_engine(desc));
@@ -44,6 +46,7 @@ Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device) {
   // are uploaded; plans that point into the weights after.
   KILN_RETURN_IF_ERROR(e->load_kinds(LoadStage::kBeforeWeights));
   KILN_RETURN_IF_ERROR(e->upload_weights());
+  KILN_RETURN_IF_ERROR(e->acquire_named_weights(weights, share_weights, stats));
   KILN_RETURN_IF_ERROR(e->load_kinds(LoadStage::kAfterWeights));
   return Result<std::unique_ptr<Engine>>(std::move(e));
 }
@@ -55,6 +58,7 @@ Engine::~Engine() {
     if (id < kinds_.size()) kinds_[id].reset();
   }
   kinds_.clear();
+  named_.clear();  // the last engine holding a named weight frees it
   if (weights_ != nullptr) (void)cudaFree(weights_);
   (void)cudaGetLastError();  // leave no error behind for the caller's next check
 }
@@ -74,12 +78,57 @@ Status Engine::check_kinds() const {
 Status Engine::load_kinds(LoadStage stage) {
   for (const StepRuntime* kind : step_runtimes()) {
     if (kind->stage != stage) continue;
-    StepLoadEnv env{desc_, device_, weights_};
+    StepLoadEnv env{desc_, device_, weights_, named_bases_.data()};
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<StepKindPlans> plans, kind->load(env));
     const size_t id = static_cast<size_t>(kind->kind);
     if (kinds_.size() <= id) kinds_.resize(id + 1);
     kinds_[id] = std::move(plans);
     workspace_bytes_ = std::max(workspace_bytes_, env.workspace_bytes);
+  }
+  return Status::ok();
+}
+
+const void* Engine::weight_address(const TensorDesc& t) const {
+  if (t.storage == StorageKind::kWeight)
+    return static_cast<const uint8_t*>(weights_) + t.offset;
+  if (t.storage == StorageKind::kNamedWeight && t.io_index < named_bases_.size())
+    return static_cast<const uint8_t*>(named_bases_[t.io_index]) + t.offset;
+  return nullptr;
+}
+
+Status Engine::acquire_named_weights(const WeightSource* source, bool share,
+                                     NamedWeightLoadStats* stats) {
+  NamedWeightLoadStats local;
+  NamedWeightLoadStats& s = stats != nullptr ? *stats : local;
+  s = NamedWeightLoadStats{};
+  const auto& wanted = desc_.named_weights;
+  if (wanted.empty()) return Status::ok();
+  if (source == nullptr)
+    return make_status(StatusCode::kInvalidArgument,
+                       "the engine keeps %zu weights in the program's named data (first key "
+                       "'%s'), but no named data was given to the load (a .pte saved with "
+                       "external weights needs its .ptd file: data_path)",
+                       wanted.size(), wanted[0].key.c_str());
+  NamedWeightCache& cache = process_named_weight_cache();
+  named_.reserve(wanted.size());
+  for (const engine::NamedWeight& want : wanted) {
+    NamedWeightCache::Acquired got;
+    Status status = source->read(want.key, [&](const void* data, size_t size) -> Status {
+      KILN_ASSIGN_OR_RETURN(got, cache.acquire(device_.ordinal, want, data, size, share));
+      return Status::ok();
+    });
+    KILN_RETURN_IF_ERROR(status);
+    if (got.reused) {
+      ++s.reused;
+      s.reused_bytes += want.nbytes;
+    } else {
+      ++s.uploaded;
+      s.uploaded_bytes += want.nbytes;
+    }
+    if (got.mismatch) ++s.mismatches;
+    named_bytes_ += want.nbytes;
+    named_bases_.push_back(got.weight->data());
+    named_.push_back(std::move(got.weight));
   }
   return Status::ok();
 }

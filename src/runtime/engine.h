@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,9 +21,31 @@
 #include "common/status.h"
 #include "engine_format/engine_desc.h"
 #include "runtime/device.h"
+#include "runtime/named_weight_cache.h"
 #include "runtime/step_runtime.h"
 
 namespace kiln::runtime {
+
+// Where an engine's named weights come from: the program's named data (the
+// delegate adapts ExecuTorch's NamedDataMap). No ExecuTorch types here.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Calls `use(data, size)` with the bytes stored under `key`, valid only
+  // during the call; returns use's Status, or an error naming the key when
+  // there is no such key (kCorruptData) or it cannot be read.
+  virtual Status read(const std::string& key,
+                      const std::function<Status(const void*, size_t)>& use) const = 0;
+};
+
+// How Engine::load got its named weights.
+struct NamedWeightLoadStats {
+  size_t uploaded = 0;        // named weights copied to the GPU by this load
+  uint64_t uploaded_bytes = 0;
+  size_t reused = 0;          // already on the GPU (another engine, method or load)
+  uint64_t reused_bytes = 0;
+  size_t mismatches = 0;      // a live copy had the key with other bytes: not shared
+};
 
 class Engine {
  public:
@@ -33,7 +56,15 @@ class Engine {
   // kInternal for other CUDA failures.
   // The weights and kernel images are released from the stored desc once they
   // are on the GPU.
-  static Result<std::unique_ptr<Engine>> load(engine::EngineDesc desc, int device);
+  // Named weights (engine_desc.h NamedWeight) are read from `weights` and
+  // checked (size, hash), then taken from process_named_weight_cache(): one
+  // device copy per device and content, shared with every engine naming it
+  // (`share_weights` false: a private copy). An engine with named weights and
+  // no `weights` fails with kInvalidArgument.
+  static Result<std::unique_ptr<Engine>> load(engine::EngineDesc desc, int device,
+                                              const WeightSource* weights = nullptr,
+                                              bool share_weights = true,
+                                              NamedWeightLoadStats* stats = nullptr);
 
   ~Engine();  // frees every GPU resource; errors are ignored
   Engine(const Engine&) = delete;
@@ -52,6 +83,14 @@ class Engine {
   // Device base of the uploaded weights blob (nullptr when it is empty).
   const void* weights() const { return weights_; }
   size_t weights_bytes() const { return weights_bytes_; }
+  // Device address of a weight tensor (inline or named); nullptr for others.
+  const void* weight_address(const engine::TensorDesc& t) const;
+  // Named weights this engine holds (shared device copies), in desc order.
+  const std::vector<std::shared_ptr<const DeviceWeight>>& named_weights() const {
+    return named_;
+  }
+  // Bytes of named weights this engine uses (each counted once).
+  uint64_t named_weights_bytes() const { return named_bytes_; }
   // The largest workspace any planned step (GEMM, conv) needs. Steps run one after
   // another on one stream, so a context allocates one buffer of this size.
   size_t workspace_bytes() const { return workspace_bytes_; }
@@ -67,6 +106,7 @@ class Engine {
   Status check_kinds() const;
   Status load_kinds(LoadStage stage);
   Status upload_weights();
+  Status acquire_named_weights(const WeightSource* source, bool share, NamedWeightLoadStats* stats);
 
   engine::EngineDesc desc_;
   DeviceInfo device_;
@@ -74,12 +114,15 @@ class Engine {
   std::vector<std::unique_ptr<StepKindPlans>> kinds_;
   void* weights_ = nullptr;
   size_t weights_bytes_ = 0;
+  std::vector<std::shared_ptr<const DeviceWeight>> named_;  // by desc_.named_weights index
+  std::vector<const void*> named_bases_;  // named_[i]->data(), for StepLoadEnv
+  uint64_t named_bytes_ = 0;
   size_t workspace_bytes_ = 0;
 };
 
 // Byte alignment (<= 256) of a tensor's device address: engine inputs and
-// outputs have buffers of their own, arena and weight tensors sit at
-// `offset` from a 256-byte aligned base.
+// outputs have buffers of their own, arena and weight tensors (inline or
+// named) sit at `offset` from a 256-byte aligned base.
 uint32_t address_alignment(const engine::TensorDesc& t);
 
 // "step 3 ('addmm+gelu')", for messages.

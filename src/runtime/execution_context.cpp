@@ -151,8 +151,9 @@ void* ExecutionContext::tensor_address(uint32_t tensor) {
     case StorageKind::kArena:
       return static_cast<uint8_t*>(bound_arena_) + t.offset;
     case StorageKind::kWeight:
+    case StorageKind::kNamedWeight:
       // Kernels only read weights; the launch API wants non-const pointers.
-      return const_cast<uint8_t*>(static_cast<const uint8_t*>(engine_->weights())) + t.offset;
+      return const_cast<void*>(engine_->weight_address(t));
   }
   return nullptr;
 }
@@ -184,6 +185,7 @@ class ExecutionContext::Binder : public StepBinder {
     const TensorDesc& t = context_.engine_->desc().tensors[tensor];
     switch (t.storage) {
       case StorageKind::kWeight:
+      case StorageKind::kNamedWeight:
         return;
       case StorageKind::kInput:
         b.base = Base::kInput;

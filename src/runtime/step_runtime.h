@@ -31,7 +31,19 @@ struct StepLoadEnv {
                              // (the kernel kind drops module images)
   const DeviceInfo& device;
   const void* weights;        // device base of the weights; null before the upload
+  // Device base of each named weight (EngineDesc::named_weights order); null
+  // before the upload.
+  const void* const* named_weights = nullptr;
   size_t workspace_bytes = 0;  // raise to the largest workspace one step needs
+
+  // Device address of weight tensor `t` (inline or named); after the upload.
+  const void* weight_address(const engine::TensorDesc& t) const {
+    if (t.storage == engine::StorageKind::kNamedWeight)
+      return named_weights == nullptr
+                 ? nullptr
+                 : static_cast<const uint8_t*>(named_weights[t.io_index]) + t.offset;
+    return static_cast<const uint8_t*>(weights) + t.offset;
+  }
 };
 
 // One step, ready to run in one context. Created at ExecutionContext::create;

@@ -29,7 +29,7 @@ TEST(EngineCache, HashIsStableAndSeesEveryByte) {
 TEST(EngineCache, BadBytesFailWithoutCaching) {
   const uint8_t junk[64] = {1, 2, 3};
   kiln::runtime::EngineLoadStats stats;
-  auto r = kiln::runtime::load_engine_shared(junk, sizeof(junk), 0, 0, true, &stats);
+  auto r = kiln::runtime::load_engine_shared(junk, sizeof(junk), 0, 0, true, nullptr, &stats);
   EXPECT_FALSE(r.is_ok());  // corrupt data (or no GPU): a Status, never a crash
   EXPECT_FALSE(stats.shared);
   EXPECT_EQ(kiln::runtime::shared_engine_count(), 0u);

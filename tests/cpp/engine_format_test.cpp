@@ -451,16 +451,19 @@ TEST(EngineFormat, LayoutMatchesTheDocumentation) {
   ASSERT_GE(b.size(), 256u);
   EXPECT_EQ(std::memcmp(b.data(), kEngineMagic, 8), 0);
   EXPECT_EQ(load_le32(&b[L::kVersionOffset]), kEngineFormatVersion);
-  EXPECT_EQ(load_le32(&b[L::kSectionCountOffset]), 6u);
+  EXPECT_EQ(load_le32(&b[L::kSectionCountOffset]), 7u);
   EXPECT_EQ(load_le64(&b[L::kTotalSizeOffset]), b.size());
-  for (uint32_t kind = 1; kind <= 6; ++kind) {
+  for (uint32_t kind = 1; kind <= 7; ++kind) {
     SectionSpan s = find_section(b, static_cast<L::SectionKind>(kind));
     EXPECT_EQ(s.offset % 64, 0u) << L::section_name(kind);
     EXPECT_EQ(load_le32(&b[s.entry + L::kEntryCrcOffset]), crc32c(&b[s.offset], s.size));
   }
   SectionSpan w = find_section(b, L::SectionKind::kWeights);
   EXPECT_EQ(w.size, 4096u + 256u);
-  EXPECT_EQ(w.offset + w.size, b.size());
+  SectionSpan named = find_section(b, L::SectionKind::kNamedWeights);
+  EXPECT_EQ(named.offset, (w.offset + w.size + 63) / 64 * 64);
+  EXPECT_EQ(named.size, 4u);  // no named weights: just the count
+  EXPECT_EQ(named.offset + named.size, b.size());
 }
 
 // ---- corruption ----------------------------------------------------------------
@@ -558,10 +561,17 @@ TEST(EngineFormat, SpecificCorruptionMessages) {
   r = parse_exact(header, header.size());
   EXPECT_MESSAGE_HAS(r.status(), "header checksum");
 
+  // The gap before the first section that does not follow its predecessor
+  // directly (sections are 64-byte aligned).
   auto padding = b;
-  SectionSpan meta = find_section(b, L::SectionKind::kMeta);
-  ASSERT_GT(meta.offset, L::kHeaderSize + 6 * L::kEntrySize);  // there is a gap
-  padding[meta.offset - 1] = 1;
+  size_t gap_end = 0;
+  for (uint32_t kind = 2; kind <= L::kSectionCount && gap_end == 0; ++kind) {
+    SectionSpan prev = find_section(b, static_cast<L::SectionKind>(kind - 1));
+    SectionSpan s = find_section(b, static_cast<L::SectionKind>(kind));
+    if (s.offset > prev.offset + prev.size) gap_end = s.offset;
+  }
+  ASSERT_GT(gap_end, 0u);  // there is a gap
+  padding[gap_end - 1] = 1;
   r = parse_exact(padding, padding.size());
   EXPECT_MESSAGE_HAS(r.status(), "padding");
 
@@ -800,6 +810,99 @@ TEST(ValidateEngine, SerializeRefusesAnInvalidEngine) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_MESSAGE_HAS(r.status(), "step 0");
+}
+
+// ---- named weights (format version 4) -------------------------------------------
+
+TEST(EngineFormatNamedWeights, ExternalizeMovesEveryWeightAndRoundTrips) {
+  SEEDED_RNG(rng);
+  EngineDesc d = make_engine(rng);
+  const std::vector<uint8_t> blob = d.weights;
+  auto split = externalize_weights(&d, "kiln/model-a/");
+  ASSERT_TRUE(split.is_ok()) << split.status().message();
+  EXPECT_TRUE(d.weights.empty());
+  ASSERT_EQ(d.named_weights.size(), 2u);
+  ASSERT_EQ(split.value().size(), 2u);
+  // Tensor 1 (fc.weight, 4096 bytes at 0) and 2 (fc.bias, 64 bytes at 4096).
+  for (uint32_t t : {1u, 2u}) {
+    const TensorDesc& td = d.tensors[t];
+    EXPECT_EQ(td.storage, StorageKind::kNamedWeight);
+    EXPECT_EQ(td.offset, 0u);
+    const NamedWeight& n = d.named_weights[td.io_index];
+    const std::vector<uint8_t>& bytes = split.value()[td.io_index];
+    const uint64_t at = t == 1 ? 0 : 4096;
+    EXPECT_EQ(bytes, std::vector<uint8_t>(blob.begin() + at, blob.begin() + at + td.nbytes));
+    EXPECT_EQ(n.nbytes, td.nbytes);
+    EXPECT_EQ(n.hash, hash_bytes(bytes.data(), bytes.size()));
+    EXPECT_EQ(n.key.rfind("kiln/model-a/", 0), 0u) << n.key;
+    EXPECT_NE(n.key.find("-" + std::to_string(td.nbytes)), std::string::npos) << n.key;
+  }
+  std::vector<uint8_t> bytes = serialize_ok(d);
+  auto parsed = parse_exact(bytes, bytes.size());
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+  ASSERT_EQ(parsed.value().named_weights.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(parsed.value().named_weights[i].key, d.named_weights[i].key);
+    EXPECT_EQ(parsed.value().named_weights[i].nbytes, d.named_weights[i].nbytes);
+    EXPECT_EQ(parsed.value().named_weights[i].hash, d.named_weights[i].hash);
+  }
+  EXPECT_EQ(serialize_ok(parsed.value()), bytes);
+  // The engine no longer carries the weight bytes.
+  EXPECT_LT(bytes.size(), serialize_ok(make_engine(rng)).size() - 4096);
+}
+
+TEST(EngineFormatNamedWeights, SameContentOneKeyOtherModelOtherKey) {
+  SEEDED_RNG(rng);
+  EngineDesc d = make_engine(rng);
+  TensorDesc copy = d.tensors[2];  // fc.bias again, same bytes
+  copy.name = "fc.bias_again";
+  d.tensors.push_back(copy);
+  EngineDesc other = d;
+  auto a = externalize_weights(&d, "kiln/model-a/");
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(d.named_weights.size(), 2u);  // the two bias tensors share one
+  EXPECT_EQ(d.tensors[2].io_index, d.tensors.back().io_index);
+  auto b = externalize_weights(&other, "kiln/model-b/");
+  ASSERT_TRUE(b.is_ok());
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NE(d.named_weights[i].key, other.named_weights[i].key);  // model ids differ
+    EXPECT_EQ(d.named_weights[i].hash, other.named_weights[i].hash);
+  }
+  EngineDesc empty_prefix = make_engine(rng);
+  EXPECT_FALSE(externalize_weights(&empty_prefix, "").is_ok());
+}
+
+TEST(EngineFormatNamedWeights, ValidationNamesEachProblem) {
+  SEEDED_RNG(rng);
+  EngineDesc base = make_engine(rng);
+  ASSERT_TRUE(externalize_weights(&base, "kiln/m/").is_ok());
+  ASSERT_TRUE(validate_engine(base).is_ok());
+  auto expect_invalid = [](const EngineDesc& d, const char* what) {
+    Status s = validate_engine(d);
+    EXPECT_FALSE(s.is_ok()) << what;
+    EXPECT_MESSAGE_HAS(s, what);
+  };
+  EngineDesc d = base;
+  d.tensors[1].io_index = 7;
+  expect_invalid(d, "named weight 7 out of range");
+  d = base;
+  d.tensors[1].offset = 256;  // 256 + 4096 > 4096
+  expect_invalid(d, "lies outside the 4096-byte named weight");
+  d = base;
+  d.named_weights[1].key = d.named_weights[0].key;
+  expect_invalid(d, "appears more than once");
+  d = base;
+  d.named_weights[0].key = "";
+  expect_invalid(d, "key length 0");
+  d = base;
+  d.named_weights[0].key = "kiln/m/a b";
+  expect_invalid(d, "not printable ASCII");
+  d = base;
+  d.named_weights[0].nbytes = 0;
+  expect_invalid(d, "0 bytes");
+  d = base;
+  d.steps[0].gemm.out = 1;  // a step may not write a weight
+  EXPECT_FALSE(validate_engine(d).is_ok());
 }
 
 }  // namespace

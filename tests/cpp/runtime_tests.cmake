@@ -21,6 +21,16 @@ if(TARGET kiln_runner)
     kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
     executorch::kernels_optimized Threads::Threads)
 
+  # Several methods in one .pte, weights stored and uploaded once; run on the
+  # GPU machine by tests/gpu/multi_method_test.py, not by ctest.
+  add_executable(kiln_multi_method_test
+    ${PROJECT_SOURCE_DIR}/tests/gpu/multi_method_test.cpp
+    ${_runner_dir}/tensor_file.cpp
+    ${_runner_dir}/tensor_math.cpp)
+  target_include_directories(kiln_multi_method_test PRIVATE ${_runner_dir})
+  target_link_libraries(kiln_multi_method_test PRIVATE
+    kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
+
   # Issue 13's GPU reliability tests (bad inputs through Module, 8 threads x 10,000
   # runs, alternating caller streams, load/run/destroy cycles, out of memory, SM
   # mismatch), on the files of tests/gpu/export_reliability_tests.py; run by
@@ -57,3 +67,8 @@ gtest_discover_tests(kiln_runtime_conv_tests)
 add_executable(kiln_runtime_gemm_autotune_tests runtime_gemm_autotune_test.cpp)
 target_link_libraries(kiln_runtime_gemm_autotune_tests PRIVATE kiln_runtime GTest::gtest_main)
 gtest_discover_tests(kiln_runtime_gemm_autotune_tests)
+
+# Named weights: upload once per (device, key, content), share, verify (no GPU needed).
+add_executable(kiln_named_weight_cache_tests named_weight_cache_test.cpp)
+target_link_libraries(kiln_named_weight_cache_tests PRIVATE kiln_runtime Threads::Threads GTest::gtest_main)
+gtest_discover_tests(kiln_named_weight_cache_tests)

@@ -453,7 +453,7 @@ void check_oom(const std::string& dir) {
 
   auto attempt = [&](kiln::StatusCode* runtime_code, et::Error* delegate_error) {
     {
-      auto engine = kiln::runtime::load_engine_shared(b.data(), b.size(), device, 0, true, nullptr);
+      auto engine = kiln::runtime::load_engine_shared(b.data(), b.size(), device, 0, true, nullptr, nullptr);
       if (!engine.is_ok()) {
         *runtime_code = engine.status().code();
       } else {

@@ -171,7 +171,11 @@ def check_bad_inputs(entry, models_dir, runner, work, log):
     data = bytearray((models_dir / entry["pte"]).read_bytes())
     marker = data.find(b"KILNENG\0")
     if marker >= 0:
-        data[marker + 4096 if marker + 4096 < len(data) else marker + 40] ^= 0x10
+        # The engine's last byte: inside its last section (named_weights), so
+        # the section checksum catches it. (Weights are named data now, outside
+        # the engine, so a fixed offset may miss the engine.)
+        total = int.from_bytes(data[marker + 16:marker + 24], "little")
+        data[marker + total - 1 if 0 < total <= len(data) - marker else marker + 40] ^= 0x10
         bad = work / "corrupt.pte"
         bad.write_bytes(bytes(data))
         proc = run([runner, f"--model_path={bad}", "--num_runs=1"], log)

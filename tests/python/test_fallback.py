@@ -163,9 +163,11 @@ def test_engines_from_trial_and_preprocess_are_identical(cumsum_program):
 
     from kiln._compile import edge_compile_config
 
+    # Same options, the weights' named-data prefix included.
+    partitioner = kiln.KilnPartitioner(trial_compile=False, target_sms=(90,),
+                                       weights_prefix=with_trial.options.weights_prefix)
     manager = to_edge_transform_and_lower(
-        cumsum_program, partitioner=[kiln.KilnPartitioner(trial_compile=False, target_sms=(90,))],
-        compile_config=edge_compile_config())
+        cumsum_program, partitioner=[partitioner], compile_config=edge_compile_config())
     a = [bytes(m.processed_bytes) for m in lowered_modules(with_trial.edge_program_manager)]
     b = [bytes(m.processed_bytes) for m in lowered_modules(manager)]
     assert a == b

@@ -25,7 +25,7 @@ def test_fp16_model(tmp_path):
     assert info["metadata"]["precision"] == "float16"
     io = [info["tensors"][i] for i in info["inputs"] + info["outputs"]]
     assert [t["dtype"] for t in io] == ["float16", "float16"]
-    weights = [t for t in info["tensors"] if t["storage"] == "weight"]
+    weights = [t for t in info["tensors"] if t["storage"] in ("weight", "named_weight")]
     assert weights and all(t["dtype"] == "float16" for t in weights)
     path = kiln.save(compiled, tmp_path / "mlp_fp16.pte")
     assert [b for b, _, _ in engines_in_pte(path.read_bytes())] == ["KilnBackend"]
@@ -46,7 +46,7 @@ def test_bf16_model_constants():
     x = torch.randn(2, 64).to(torch.bfloat16)
     compiled = kiln.compile(export(model, x), enabled_precisions={torch.bfloat16})
     info = _engine(compiled)
-    weights = [t for t in info["tensors"] if t["storage"] == "weight"]
+    weights = [t for t in info["tensors"] if t["storage"] in ("weight", "named_weight")]
     assert weights and all(t["dtype"] == "bfloat16" for t in weights)
     expected = sum(p.numel() * 2 for p in model.parameters())
     assert sum(t["nbytes"] for t in weights) == expected

@@ -42,7 +42,10 @@ def test_engine_contents(compiled_mlp):
     assert info["metadata"]["precision"] == "float32"
     assert info["metadata"]["target_sms"] == "87,90"
     assert "use_cuda_graphs" not in info["metadata"]  # no choice baked in
-    assert info["weights_bytes"] > 0 and info["arena_bytes"] >= 0
+    # kiln.compile keeps weights in the program's named data, not the engine.
+    assert info["weights_bytes"] == 0 and info["arena_bytes"] >= 0
+    assert info["named_weights"] and all(n["key"].startswith("kiln/") and n["nbytes"] > 0
+                                         for n in info["named_weights"])
 
 
 def test_options_reach_the_engine():

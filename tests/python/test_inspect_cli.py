@@ -62,7 +62,7 @@ def test_json_for_machines(pte):
     assert [t["shape"] for t in second["io"]["outputs"]] == [[4, 16]]
     for engine in info["engines"]:
         plan = engine["memory_plan"]
-        assert plan["weights_bytes"] > 0 and plan["weight_tensors"] == 2
+        assert plan["named_weights_bytes"] > 0 and plan["named_weight_tensors"] == 2
         for t in plan["arena_tensors"]:
             assert 0 <= t["offset"] and t["offset"] + t["nbytes"] <= plan["arena_bytes"]
         labels = [s["label"] for s in engine["steps"]]

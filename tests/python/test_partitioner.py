@@ -103,7 +103,7 @@ def test_weight_transposes_stay_with_their_gemm():
     for lowered in lowered_modules(compiled.edge_program_manager):
         info = kiln._kiln_compiler.inspect_engine(lowered.processed_bytes)
         assert len(info["inputs"]) == 1  # only the activation, weights baked in
-        assert any(t["storage"] == "weight" for t in info["tensors"])
+        assert any(t["storage"] == "named_weight" for t in info["tensors"])  # in named data
 
 
 def test_unsupported_dtype_stays_on_cpu():

@@ -24,8 +24,11 @@ def test_save_writes_a_pte(compiled_mlp, tmp_path):
     assert blob[:8] == b"KILNENG\0"
     assert specs["target_sms"] == b"87,90"
     info = kiln._kiln_compiler.inspect_engine(blob)
-    # The fp32 MLP's weights all live in the engine.
-    assert info["weights_bytes"] >= (64 * 128 + 128 * 128 + 128 * 16) * 4
+    # The fp32 MLP's weights all live in the program's named data, once each.
+    assert info["weights_bytes"] == 0
+    assert sum(n["nbytes"] for n in info["named_weights"]) >= (64 * 128 + 128 * 128 + 128 * 16) * 4
+    from kiln.inspect import named_data_sizes
+    assert set(named_data_sizes(data)) == {n["key"] for n in info["named_weights"]}
 
 
 def test_save_accepts_str_path(compiled_mlp, tmp_path):

@@ -287,6 +287,15 @@ int run(const Options& options) {
                  options.model_path.c_str(), std::strerror(errno));
     return kExitUsage;
   }
+  if (!options.data_path.empty()) {
+    if (std::FILE* f = std::fopen(options.data_path.c_str(), "rb")) {
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "kiln_runner: cannot open data file '%s': %s\n",
+                   options.data_path.c_str(), std::strerror(errno));
+      return kExitUsage;
+    }
+  }
   // Read the tensor files first: a bad file should not wait for model loading.
   std::vector<HostTensor> given, expected;
   for (const auto& [path, tensors] :
@@ -321,7 +330,11 @@ int run(const Options& options) {
                  options.model_path.c_str(), why.c_str());
     return kExitLoad;
   }
-  Module module(options.model_path, Module::LoadMode::Mmap);
+  // With --data_path the program's external named data (the weights of a
+  // .pte saved with external_weights) comes from that .ptd.
+  Module module = options.data_path.empty()
+                      ? Module(options.model_path, Module::LoadMode::Mmap)
+                      : Module(options.model_path, options.data_path, Module::LoadMode::Mmap);
   et::BackendOptions<1> load_option_storage;
   // Whole-program verification (program_check.h): a damaged file fails here.
   et::Error error = module.load(kiln_load_options(options, &load_option_storage),

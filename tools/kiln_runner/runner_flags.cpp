@@ -66,6 +66,9 @@ std::string parse_flags(int argc, char** argv, Options* options) {
     const std::string value = arg.substr(eq + 1);
     if (name == "model_path") {
       options->model_path = value;
+    } else if (name == "data_path") {
+      if (value.empty()) return "--data_path: empty path";
+      options->data_path = value;
     } else if (name == "method") {
       options->method = value;
     } else if (name == "inputs") {

@@ -22,6 +22,8 @@ Loads an ExecuTorch .pte (with Kiln delegate blobs), runs one method on host
 tensors, prints its latency and checks its outputs.
 
   --model_path=PATH     the .pte file (required)
+  --data_path=PATH      the .ptd file holding the weights of a .pte saved with
+                        kiln.save(..., external_weights=PATH)
   --method=NAME         method to run (default: forward)
   --inputs=FILE         .ktensors file with the method's inputs; without it,
                         inputs are random: floats uniform in [-1, 1),
@@ -70,6 +72,7 @@ exit codes: 0 ok, 1 output mismatch, 2 usage or bad input file,
 
 struct Options {
   std::string model_path;
+  std::string data_path;  // .ptd with the program's external named data; "" = none
   std::string method = "forward";
   std::string inputs;
   std::string expected;

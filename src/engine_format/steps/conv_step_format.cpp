@@ -192,7 +192,7 @@ Status validate(const StepCheck& check) {
                      t.name.c_str(), dtype_name(t.dtype), dtype_name(dtype));
   }
 
-  if (desc.tensors[c.out].storage == StorageKind::kWeight)
+  if (is_weight(desc.tensors[c.out].storage))
     return invalid("%s: conv out tensor %u '%s' is a weight", l, c.out,
                    desc.tensors[c.out].name.c_str());
   // cuDNN reads x, w and bias while it writes out: they must not share

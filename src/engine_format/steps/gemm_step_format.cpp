@@ -158,7 +158,7 @@ Status validate(const StepCheck& check) {
       return invalid("%s: gemm %s %s is %s but a is %s", label, op.first,
                      check.tensor_label(op.second).c_str(), dtype_name(other), dtype_name(dtype));
   }
-  if (desc.tensors[g.out].storage == StorageKind::kWeight)
+  if (is_weight(desc.tensors[g.out].storage))
     return invalid("%s: gemm out %s is a weight", label, check.tensor_label(g.out).c_str());
   return Status::ok();
 }

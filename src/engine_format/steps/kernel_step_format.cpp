@@ -122,7 +122,7 @@ Status validate(const StepCheck& check) {
     return invalid("%s: arg 0 must be the output tensor when the kernel takes an int64 count",
                    label);
   const uint32_t out = k.args[0].tensor;
-  if (desc.tensors[out].storage == StorageKind::kWeight)
+  if (is_weight(desc.tensors[out].storage))
     return invalid("%s: arg 0 (the output) %s is a weight", label,
                    check.tensor_label(out).c_str());
   for (uint32_t a = 0; a < k.args.size(); ++a) {

@@ -164,8 +164,8 @@ Status create_gemm_plan(const StepLoadEnv& env, size_t step, GemmPlan* plan) {
   const void* bias = nullptr;
   if (uses_bias(g.epilogue)) {
     const TensorDesc& t = env.desc.tensors[g.bias];
-    if (t.storage == StorageKind::kWeight) {
-      bias = static_cast<const uint8_t*>(env.weights) + t.offset;
+    if (engine::is_weight(t.storage)) {
+      bias = env.weight_address(t);
     } else {
       bias = reinterpret_cast<const void*>(static_cast<uintptr_t>(address_alignment(t)));
       plan->op_has_bias = false;
