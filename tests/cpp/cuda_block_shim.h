@@ -29,7 +29,6 @@ inline unsigned int __float_as_uint(float f) {
   return u;
 }
 struct alignas(8) uint2 { unsigned int x, y; };
-struct alignas(16) uint4 { unsigned int x, y, z, w; };
 
 namespace kiln_shim {
 
