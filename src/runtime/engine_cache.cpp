@@ -6,6 +6,7 @@
 
 #include "engine_format/engine_format.h"
 #include "runtime/bytes_keyed_cache.h"
+#include "runtime/named_weight_cache.h"
 
 namespace kiln::runtime {
 namespace {
@@ -25,6 +26,30 @@ Result<std::shared_ptr<const Engine>> load_private(const void* bytes, size_t siz
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> loaded,
                         Engine::load(std::move(desc), device, weights, share, stats));
   return std::shared_ptr<const Engine>(std::move(loaded));
+}
+
+// A load that found its whole engine already resident must still bring the
+// engine's named weights, as a first load would: a .pte saved with external
+// weights and loaded without its .ptd, or with another export's, is refused
+// the same way whether or not an identical engine is live in the process.
+// The resident device copies are used; the load's bytes are only checked.
+Status check_named_data(const Engine& engine, const WeightSource* weights, NamedWeightLoadStats* s) {
+  const auto& wanted = engine.desc().named_weights;
+  if (wanted.empty()) return Status::ok();
+  if (weights == nullptr)
+    return make_status(StatusCode::kInvalidArgument,
+                       "the engine keeps %zu weights in the program's named data (first key "
+                       "'%s'), but no named data was given to the load (a .pte saved with "
+                       "external weights needs its .ptd file: data_path)",
+                       wanted.size(), wanted[0].key.c_str());
+  for (const engine::NamedWeight& want : wanted) {
+    KILN_RETURN_IF_ERROR(weights->read(want.key, [&](const void* data, size_t size) {
+      return check_named_weight_bytes(want, data, size);
+    }));
+    ++s->reused;
+    s->reused_bytes += want.nbytes;
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -49,6 +74,7 @@ Result<std::shared_ptr<const Engine>> load_engine_shared(const void* bytes, size
       &lookup);
   s.shared = lookup.shared;
   s.collided = lookup.collided;
+  if (engine.is_ok() && s.shared) KILN_RETURN_IF_ERROR(check_named_data(*engine.value(), weights, &s.named));
   return engine;
 }
 

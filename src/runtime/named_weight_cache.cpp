@@ -4,10 +4,7 @@
 
 namespace kiln::runtime {
 
-Result<NamedWeightCache::Acquired> NamedWeightCache::acquire(int device,
-                                                             const engine::NamedWeight& want,
-                                                             const void* bytes, size_t size,
-                                                             bool share) {
+Status check_named_weight_bytes(const engine::NamedWeight& want, const void* bytes, size_t size) {
   if (bytes == nullptr && size != 0)
     return make_status(StatusCode::kInvalidArgument, "named weight '%s': null data",
                        want.key.c_str());
@@ -17,7 +14,7 @@ Result<NamedWeightCache::Acquired> NamedWeightCache::acquire(int device,
                        "the engine expects %llu (data from another export? rebuild the .pte and "
                        "its .ptd together)",
                        want.key.c_str(), size, static_cast<unsigned long long>(want.nbytes));
-  // Hashed outside the lock: this is the expensive part (~10 GB/s).
+  // The expensive part (~10 GB/s); callers run it outside any lock.
   const uint64_t hash = engine::hash_bytes(bytes, size);
   if (hash != want.hash)
     return make_status(StatusCode::kCorruptData,
@@ -26,6 +23,15 @@ Result<NamedWeightCache::Acquired> NamedWeightCache::acquire(int device,
                        "another export",
                        want.key.c_str(), size, static_cast<unsigned long long>(hash),
                        static_cast<unsigned long long>(want.hash));
+  return Status::ok();
+}
+
+Result<NamedWeightCache::Acquired> NamedWeightCache::acquire(int device,
+                                                             const engine::NamedWeight& want,
+                                                             const void* bytes, size_t size,
+                                                             bool share) {
+  KILN_RETURN_IF_ERROR(check_named_weight_bytes(want, bytes, size));
+  const uint64_t hash = want.hash;  // checked equal to the bytes' hash
 
   Acquired out;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -111,6 +111,11 @@ class NamedWeightCache {
   NamedWeightCounters counters_;
 };
 
+// Whether `bytes`/`size` (read from a load's named data under want.key) are
+// the weight the engine recorded: kCorruptData naming the key when the size
+// or the content hash differs.
+Status check_named_weight_bytes(const engine::NamedWeight& want, const void* bytes, size_t size);
+
 // The process's cache over CUDA (cudaMalloc + cudaMemcpy, cudaFree), shared
 // by every Engine::load. Leaked on purpose (engines may die at teardown).
 NamedWeightCache& process_named_weight_cache();

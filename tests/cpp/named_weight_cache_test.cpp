@@ -144,6 +144,19 @@ TEST(NamedWeightCache, BytesThatDoNotMatchTheEngineAreRefused) {
   EXPECT_EQ(ops.uploads, 0);
 }
 
+// The check a load runs when its whole engine is already resident (no
+// upload, only the bytes it was given against the engine's record).
+TEST(NamedWeightCache, ByteCheckAloneAcceptsOnlyTheRecordedWeight) {
+  const auto expected = bytes_of(5), other = bytes_of(6);
+  EXPECT_TRUE(check_named_weight_bytes(want("kiln/m/w", expected), expected.data(), expected.size()).is_ok());
+  Status s = check_named_weight_bytes(want("kiln/m/w", expected), other.data(), other.size());
+  EXPECT_EQ(s.code(), StatusCode::kCorruptData);
+  EXPECT_NE(s.message().find("kiln/m/w"), std::string::npos) << s.message();
+  s = check_named_weight_bytes(want("kiln/m/w", expected), expected.data(), 10);
+  EXPECT_EQ(s.code(), StatusCode::kCorruptData);
+  EXPECT_NE(s.message().find("10 bytes"), std::string::npos) << s.message();
+}
+
 TEST(NamedWeightCache, DevicesAndPrivateLoadsAreSeparate) {
   FakeOps ops;
   NamedWeightCache cache(&ops);
