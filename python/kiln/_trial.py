@@ -252,6 +252,14 @@ class RealTensors:
         real = self._real.get(key)
         if real is None:
             real = self._by_id.get(id(value))
+        if real is None:
+            # A scalar that to_edge lifted into a tensor constant (a softmax
+            # scale such as Swin's 0.1768) is in no state dict; the fake tensor
+            # keeps its real value. Without it the trial compiled zeros and
+            # preprocess had to compile the partition again.
+            constant = getattr(value, "constant", None)
+            if isinstance(constant, torch.Tensor) and not isinstance(constant, FakeTensor):
+                real = constant
         if real is None or tuple(real.shape) != tuple(value.shape) or real.dtype != value.dtype:
             return None
         return real

@@ -281,3 +281,27 @@ def test_preprocess_failure_without_trial_says_what_to_do(cumsum_program, inject
     with pytest.raises(kiln.CompileError, match=r"injected failure(.|\n)*trial_compile=True"):
         to_edge_transform_and_lower(cumsum_program, partitioner=[kiln.KilnPartitioner(trial_compile=False)],
                                     compile_config=edge_compile_config())
+
+
+class ScaledScores(torch.nn.Module):
+    """`q * d ** -0.5`: to_edge lifts the scalar into a 0-dim tensor constant
+    that no state dict holds (Swin's attention scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q = self.fc(x) * (16 // 4) ** -0.5
+        return torch.softmax(q @ x.transpose(-1, -2), -1)
+
+
+def test_lifted_scalar_constant_compiles_once(count_compiles):
+    # The trial must compile with the scalar's real value, so that
+    # preprocess takes its engine instead of compiling the partition again.
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    compiled = _compile(export(ScaledScores(), x))
+    assert compiled.summary.ops_on_cpu == {}
+    assert len(count_compiles) == 1, f"{len(count_compiles)} compiles of {len(compiled.delegates)} partition(s)"
+    assert len(_trial.ENGINE_CACHE) == 0
