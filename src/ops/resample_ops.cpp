@@ -20,6 +20,16 @@ bool is_bilinear(const std::string& op) {
 }
 bool is_reflect(const std::string& op) { return op.rfind("aten.reflection_pad", 0) == 0; }
 bool is_replicate(const std::string& op) { return op.rfind("aten.replication_pad", 0) == 0; }
+// A constant/reflection/replication pad whose every width is 0 (negative
+// widths crop, so a same-shaped result is not enough).
+bool is_zero_pad(const ir::Node& n) {
+  const char* key = n.op == "aten.constant_pad_nd.default" ? "pad"
+                    : (is_reflect(n.op) || is_replicate(n.op)) ? "padding" : nullptr;
+  if (key == nullptr || !n.has_attr(key)) return false;
+  for (int64_t w : n.ints_attr(key))
+    if (w != 0) return false;
+  return true;
+}
 // 1, 2 or 3 for reflection_pad{1,2,3}d / replication_pad{1,2,3}d.
 int padded_dims(const std::string& op) {
   size_t at = op.find("_pad");
@@ -235,7 +245,16 @@ KILN_REGISTER_OPS(resample) {
     def.check = check_resample;
     def.plan = [](PlanContext& ctx, int node) {
       const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
-      ctx.emit(PlannedOp(n.op.substr(5, n.op.find('.', 5) - 5), plan_resample(ctx.graph(), n)));
+      ResamplePlan plan = plan_resample(ctx.graph(), n);  // validates the node first
+      // A pad of zero width on every side (Swin pads to whole windows, 0 at
+      // 224x224) moves nothing: the output is the input's storage, as a view.
+      const ir::Value& in = ctx.graph().value(n.inputs.at(0));
+      const ir::Value& out = ctx.graph().value(n.outputs.at(0));
+      if (is_zero_pad(n) && in.shape == out.shape && in.dtype == out.dtype) {
+        ctx.alias(n.outputs[0], n.inputs[0]);
+        return;
+      }
+      ctx.emit(PlannedOp(n.op.substr(5, n.op.find('.', 5) - 5), std::move(plan)));
     };
     register_op(std::move(def));
   }

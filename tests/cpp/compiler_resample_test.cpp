@@ -538,5 +538,25 @@ TEST(ResamplePipeline, CompilesToOneKernelStepEach) {
   }
 }
 
+// A pad of width 0 on every side (Swin's pad to whole windows) is no step:
+// its output is the input's storage. Widths that cancel out (crop one side,
+// pad the other) keep the shape but move data, so they stay a step.
+TEST(ResamplePipeline, ZeroWidthPadIsNoStep) {
+  for (std::vector<int64_t> pads : {std::vector<int64_t>{0, 0, 0, 0}, std::vector<int64_t>{-1, 1, 0, 0}}) {
+    ir::Graph g;
+    int x = g.add_input("x", DType::kFloat32, {1, 4, 6, 6});
+    int n = g.add_node("aten.constant_pad_nd.default", "pad", {x}, {{"pad", pads}, {"value", 0.0}},
+                       {{DType::kFloat32, {1, 4, 6, 6}}});
+    int p = g.nodes()[static_cast<size_t>(n)].outputs[0];
+    int r = g.add_node("aten.relu.default", "relu", {p}, {}, {{DType::kFloat32, {1, 4, 6, 6}}});
+    g.set_outputs({g.nodes()[static_cast<size_t>(r)].outputs[0]});
+    compiler::CompileOptions options;
+    engine::EngineDesc d = compiler::compile_to_desc(g, options);
+    const bool zero = pads[0] == 0;
+    EXPECT_EQ(testing::count_label(d, "constant_pad_nd"), zero ? 0u : 1u) << "pads " << pads[0] << "," << pads[1];
+    EXPECT_EQ(d.steps.size(), zero ? 1u : 2u);
+  }
+}
+
 }  // namespace
 }  // namespace kiln
