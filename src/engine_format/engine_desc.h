@@ -39,8 +39,9 @@ enum class StorageKind : uint8_t {
   kArena = 2,   // activation arena at `offset`
   kWeight = 3,  // weights blob at `offset`
   kNamedWeight = 4,  // named weight number `io_index` (EngineDesc::named_weights), at `offset`
+  kState = 5,        // mutable state number `io_index` (EngineDesc::states), at `offset`
 };
-constexpr uint8_t kStorageKindCount = 5;
+constexpr uint8_t kStorageKindCount = 6;
 
 // Weights live in the blob or in named data; both are read-only to steps.
 inline bool is_weight(StorageKind kind) {
@@ -180,6 +181,18 @@ struct NamedWeight {
   uint64_t hash = 0;
 };
 
+// Mutable state that outlives an execution (a KV cache): device memory of
+// `nbytes` that the runtime allocates once per (device, scope, key), fills
+// with `init` (all zeros when empty) and shares between every engine naming
+// the key, such as a program's prefill and decode methods. Steps read it and
+// update it in place. Keys are made at export:
+// "kiln/<model id>/state/<buffer name>".
+struct StateDesc {
+  std::string key;
+  uint64_t nbytes = 0;
+  std::vector<uint8_t> init;  // empty: zeros
+};
+
 struct EngineDesc {
   std::vector<TensorDesc> tensors;
   std::vector<uint32_t> inputs;   // tensor indices, in delegate argument order
@@ -189,6 +202,7 @@ struct EngineDesc {
   uint64_t arena_bytes = 0;
   std::vector<uint8_t> weights;  // constants kept inline; offsets 256-byte aligned
   std::vector<NamedWeight> named_weights;  // constants kept outside (kNamedWeight tensors)
+  std::vector<StateDesc> states;           // mutable buffers (kState tensors)
   // Free-form facts for inspect and for options baked in at export, e.g.
   // {"precision", "float16"}, {"target_sms", "87,90"}, {"use_cuda_graphs", "true"}.
   std::vector<std::pair<std::string, std::string>> metadata;

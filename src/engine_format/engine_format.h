@@ -29,7 +29,7 @@ constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
 // its byte size (step kinds register their own codecs, step_format.h).
 // Version 4: named weights (a `named_weights` section, storage kind
 // kNamedWeight), so weights can live outside the engine and be shared.
-constexpr uint32_t kEngineFormatVersion = 4;
+constexpr uint32_t kEngineFormatVersion = 5;
 
 // Serializes `desc`. Fails (kInvalidArgument) when `desc` is inconsistent,
 // e.g. an index out of range, so a bad engine is never written.

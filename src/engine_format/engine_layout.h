@@ -37,8 +37,9 @@ enum class SectionKind : uint32_t {
   kSteps = 5,
   kWeights = 6,
   kNamedWeights = 7,  // format version 4
+  kStates = 8,        // format version 5
 };
-constexpr uint32_t kSectionCount = 7;  // every kind exactly once
+constexpr uint32_t kSectionCount = 8;  // every kind exactly once
 
 inline const char* section_name(uint32_t kind) {
   switch (kind) {
@@ -49,6 +50,7 @@ inline const char* section_name(uint32_t kind) {
     case 5: return "steps";
     case 6: return "weights";
     case 7: return "named_weights";
+    case 8: return "states";
   }
   return "unknown";
 }

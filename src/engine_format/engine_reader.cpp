@@ -147,6 +147,19 @@ Status parse_named_weights(ByteReader& r, EngineDesc* desc) {
   return Status::ok();
 }
 
+Status parse_states(ByteReader& r, EngineDesc* desc) {
+  uint32_t count = 0;
+  KILN_READ_OR_RETURN(r.read_count(&count, 4 + 8 + 4), "state count");
+  desc->states.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    StateDesc& s = desc->states[i];
+    KILN_READ_OR_RETURN(r.read_string(&s.key), "state %u key", i);
+    KILN_READ_OR_RETURN(r.read_u64(&s.nbytes), "state %u nbytes", i);
+    KILN_READ_OR_RETURN(r.read_bytes(&s.init), "state %u initial value", i);
+  }
+  return Status::ok();
+}
+
 struct SectionRef {
   uint32_t kind = 0;
   uint64_t offset = 0;
@@ -305,6 +318,7 @@ Result<EngineDesc> parse_engine(const void* data, size_t size) {
   if (status.is_ok()) status = parse_section(p, ref(SectionKind::kSteps), parse_steps, &desc);
   if (status.is_ok())
     status = parse_section(p, ref(SectionKind::kNamedWeights), parse_named_weights, &desc);
+  if (status.is_ok()) status = parse_section(p, ref(SectionKind::kStates), parse_states, &desc);
   KILN_RETURN_IF_ERROR(status.with_context("parse_engine"));
 
   const SectionRef& weights = ref(SectionKind::kWeights);

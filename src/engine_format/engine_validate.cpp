@@ -34,6 +34,7 @@ class Validator {
     KILN_RETURN_IF_ERROR(check_counts());
     KILN_RETURN_IF_ERROR(check_metadata());
     KILN_RETURN_IF_ERROR(check_named_weights());
+    KILN_RETURN_IF_ERROR(check_states());
     numel_.resize(desc_.tensors.size());
     for (uint32_t i = 0; i < desc_.tensors.size(); ++i) KILN_RETURN_IF_ERROR(check_tensor(i));
     KILN_RETURN_IF_ERROR(check_io(desc_.inputs, StorageKind::kInput, "input"));
@@ -92,6 +93,25 @@ class Validator {
       if (n.nbytes == 0) return invalid("named weight %zu '%s': 0 bytes", i, n.key.c_str());
       if (!keys.insert(n.key).second)
         return invalid("named weight key '%s' appears more than once", n.key.c_str());
+    }
+    return Status::ok();
+  }
+
+  Status check_states() const {
+    std::unordered_set<std::string_view> keys;
+    for (size_t i = 0; i < desc_.states.size(); ++i) {
+      const StateDesc& s = desc_.states[i];
+      if (s.key.empty() || s.key.size() > kMaxNamedWeightKey)
+        return invalid("state %zu: key length %zu is not in [1, %zu]", i, s.key.size(), kMaxNamedWeightKey);
+      for (char c : s.key)
+        if (c < 0x21 || c > 0x7e)
+          return invalid("state %zu: key has a byte 0x%02x that is not printable ASCII", i,
+                         static_cast<unsigned>(static_cast<unsigned char>(c)));
+      if (s.nbytes == 0) return invalid("state %zu '%s': 0 bytes", i, s.key.c_str());
+      if (!s.init.empty() && s.init.size() != s.nbytes)
+        return invalid("state %zu '%s': initial value of %zu bytes for a %llu-byte state", i, s.key.c_str(),
+                       s.init.size(), static_cast<unsigned long long>(s.nbytes));
+      if (!keys.insert(s.key).second) return invalid("state key '%s' appears more than once", s.key.c_str());
     }
     return Status::ok();
   }
@@ -160,6 +180,17 @@ class Validator {
                          static_cast<unsigned long long>(t.offset),
                          static_cast<unsigned long long>(kWeightAlignment));
         break;
+      case StorageKind::kState: {
+        if (t.io_index >= desc_.states.size())
+          return invalid("%s: state %u out of range (engine has %zu)", label.c_str(), t.io_index,
+                         desc_.states.size());
+        const StateDesc& s = desc_.states[t.io_index];
+        if (!checked_add(t.offset, t.nbytes, &end) || end > s.nbytes)
+          return invalid("%s: range [%llu, +%llu) lies outside the %llu-byte state '%s'", label.c_str(),
+                         static_cast<unsigned long long>(t.offset), static_cast<unsigned long long>(t.nbytes),
+                         static_cast<unsigned long long>(s.nbytes), s.key.c_str());
+        break;
+      }
       case StorageKind::kNamedWeight: {
         if (t.io_index >= desc_.named_weights.size())
           return invalid("%s: named weight %u out of range (engine has %zu)", label.c_str(),

@@ -1,17 +1,18 @@
 // Engine serialization: EngineDesc -> bytes.
 //
-// On-disk layout, format version 4 (version 2 added batched GEMMs and conv
+// On-disk layout, format version 5 (version 2 added batched GEMMs and conv
 // steps; version 3 put each step's payload behind its byte size, so every
 // kind's codec reads exactly its own bytes; version 4 added named weights,
-// section 7 and storage kind 4; other versions are refused, see
+// section 7 and storage kind 4; version 5 mutable state, section 8 and
+// storage kind 5; other versions are refused, see
 // engine_format.h). All integers little-endian; "str" is a
 // u32 byte length followed by that many bytes (no terminator); "bytes" the
 // same for binary data.
 //
 // FileHeader, 32 bytes at offset 0:
 //   0  u8[8] magic "KILNENG\0"
-//   8  u32   format version (4)
-//   12 u32   section count (always 7)
+//   8  u32   format version (5)
+//   12 u32   section count (always 8)
 //   16 u64   total size of the engine in bytes
 //   24 u32   flags (0)
 //   28 u32   header CRC-32C over bytes [0, 28) followed by the section table
@@ -44,6 +45,9 @@
 //       |         |   outside the engine (storage kind 4, io_index = entry),
 //       |         |   fetched by key from the program's named data at load and
 //       |         |   checked against nbytes and hash (hash_bytes)
+//   8   | states  | u32 n; n x {str key; u64 nbytes; bytes init}: mutable
+//       |         |   buffers (storage kind 5, io_index = entry) the runtime
+//       |         |   keeps on the device across executions; init empty = zeros
 //
 // Fields a step or argument kind does not use are not stored (they parse back
 // as their defaults). Enum values are EngineDesc's stable numbers.
@@ -89,6 +93,15 @@ void write_named_weights(const EngineDesc& desc, ByteWriter* w) {
     w->put_string(n.key);
     w->put_u64(n.nbytes);
     w->put_u64(n.hash);
+  }
+}
+
+void write_states(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(desc.states.size()));
+  for (const StateDesc& s : desc.states) {
+    w->put_string(s.key);
+    w->put_u64(s.nbytes);
+    w->put_bytes(s.init);
   }
 }
 
@@ -155,12 +168,13 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
 
   // Every section but weights is encoded into its own buffer first; weights
   // are copied once, straight into the output.
-  ByteWriter meta, tensors, io, modules, steps, named;
+  ByteWriter meta, tensors, io, modules, steps, named, states;
   write_meta(desc, &meta);
   write_tensors(desc, &tensors);
   write_io(desc, &io);
   write_modules(desc, &modules);
   write_named_weights(desc, &named);
+  write_states(desc, &states);
   KILN_RETURN_IF_ERROR(write_steps(desc, &steps).with_context("serialize_engine"));
 
   struct Section {
@@ -168,7 +182,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
     const uint8_t* data;
     size_t size;
   };
-  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps, &named};
+  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps, &named, &states};
   Section sections[layout::kSectionCount] = {
       {SectionKind::kMeta, meta.buffer().data(), meta.size()},
       {SectionKind::kTensors, tensors.buffer().data(), tensors.size()},
@@ -177,6 +191,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
       {SectionKind::kSteps, steps.buffer().data(), steps.size()},
       {SectionKind::kWeights, desc.weights.data(), desc.weights.size()},
       {SectionKind::kNamedWeights, named.buffer().data(), named.size()},
+      {SectionKind::kStates, states.buffer().data(), states.size()},
   };
   for (const ByteWriter* w : writers)
     KILN_RETURN_IF_ERROR(w->status().with_context("serialize_engine"));

@@ -21,6 +21,7 @@ const char* storage_name(StorageKind kind) {
     case StorageKind::kArena: return "arena";
     case StorageKind::kWeight: return "weight";
     case StorageKind::kNamedWeight: return "named_weight";
+    case StorageKind::kState: return "state";
   }
   return "unknown";
 }

@@ -30,7 +30,7 @@ std::string step_label(const EngineDesc& desc, size_t step) {
 
 Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device,
                                              const WeightSource* weights, bool share_weights,
-                                             NamedWeightLoadStats* stats) {
+                                             NamedWeightLoadStats* stats, const std::string& state_scope) {
   // parse_engine already validated; this also covers hand-built descs so
   // every index below is safe.
   KILN_RETURN_IF_ERROR(engine::validate_engine(desc));
@@ -47,6 +47,7 @@ Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device,
   KILN_RETURN_IF_ERROR(e->load_kinds(LoadStage::kBeforeWeights));
   KILN_RETURN_IF_ERROR(e->upload_weights());
   KILN_RETURN_IF_ERROR(e->acquire_named_weights(weights, share_weights, stats));
+  KILN_RETURN_IF_ERROR(e->acquire_states(state_scope));
   KILN_RETURN_IF_ERROR(e->load_kinds(LoadStage::kAfterWeights));
   return Result<std::unique_ptr<Engine>>(std::move(e));
 }
@@ -59,6 +60,7 @@ Engine::~Engine() {
   }
   kinds_.clear();
   named_.clear();  // the last engine holding a named weight frees it
+  states_.clear();  // likewise a state
   if (weights_ != nullptr) (void)cudaFree(weights_);
   (void)cudaGetLastError();  // leave no error behind for the caller's next check
 }
@@ -131,6 +133,21 @@ Status Engine::acquire_named_weights(const WeightSource* source, bool share,
     named_.push_back(std::move(got.weight));
   }
   return Status::ok();
+}
+
+Status Engine::acquire_states(const std::string& scope) {
+  StateRegistry& registry = process_state_registry();
+  for (const engine::StateDesc& want : desc_.states) {
+    KILN_ASSIGN_OR_RETURN(StateRegistry::Acquired got, registry.acquire(device_.ordinal, scope, want));
+    states_reused_ += got.reused ? 1 : 0;
+    states_.push_back(std::move(got.state));
+  }
+  return Status::ok();
+}
+
+void* Engine::state_address(const TensorDesc& t) const {
+  if (t.storage != StorageKind::kState || t.io_index >= states_.size()) return nullptr;
+  return static_cast<uint8_t*>(states_[t.io_index]->data()) + t.offset;
 }
 
 Status Engine::upload_weights() {

@@ -22,6 +22,7 @@
 #include "engine_format/engine_desc.h"
 #include "runtime/device.h"
 #include "runtime/named_weight_cache.h"
+#include "runtime/state_registry.h"
 #include "runtime/step_runtime.h"
 
 namespace kiln::runtime {
@@ -61,10 +62,14 @@ class Engine {
   // device copy per device and content, shared with every engine naming it
   // (`share_weights` false: a private copy). An engine with named weights and
   // no `weights` fails with kInvalidArgument.
+  // Mutable states (engine_desc.h StateDesc) come from
+  // process_state_registry() in `state_scope`: one device buffer per
+  // (device, scope, key), shared with every engine naming it.
   static Result<std::unique_ptr<Engine>> load(engine::EngineDesc desc, int device,
                                               const WeightSource* weights = nullptr,
                                               bool share_weights = true,
-                                              NamedWeightLoadStats* stats = nullptr);
+                                              NamedWeightLoadStats* stats = nullptr,
+                                              const std::string& state_scope = "");
 
   ~Engine();  // frees every GPU resource; errors are ignored
   Engine(const Engine&) = delete;
@@ -89,6 +94,12 @@ class Engine {
   const std::vector<std::shared_ptr<const DeviceWeight>>& named_weights() const {
     return named_;
   }
+  // Device address of a state tensor (mutable, fixed for the engine's life).
+  void* state_address(const engine::TensorDesc& t) const;
+  // The states this engine holds, in desc order, and how many were already
+  // live when it loaded (another method or load in the same scope).
+  const std::vector<std::shared_ptr<DeviceState>>& states() const { return states_; }
+  size_t states_reused() const { return states_reused_; }
   // Bytes of named weights this engine uses (each counted once).
   uint64_t named_weights_bytes() const { return named_bytes_; }
   // The largest workspace any planned step (GEMM, conv) needs. Steps run one after
@@ -107,6 +118,7 @@ class Engine {
   Status load_kinds(LoadStage stage);
   Status upload_weights();
   Status acquire_named_weights(const WeightSource* source, bool share, NamedWeightLoadStats* stats);
+  Status acquire_states(const std::string& scope);
 
   engine::EngineDesc desc_;
   DeviceInfo device_;
@@ -117,6 +129,8 @@ class Engine {
   std::vector<std::shared_ptr<const DeviceWeight>> named_;  // by desc_.named_weights index
   std::vector<const void*> named_bases_;  // named_[i]->data(), for StepLoadEnv
   uint64_t named_bytes_ = 0;
+  std::vector<std::shared_ptr<DeviceState>> states_;  // by desc_.states index
+  size_t states_reused_ = 0;
   size_t workspace_bytes_ = 0;
 };
 

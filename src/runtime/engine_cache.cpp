@@ -21,10 +21,10 @@ Cache& cache() {
 
 Result<std::shared_ptr<const Engine>> load_private(const void* bytes, size_t size, int device,
                                                    const WeightSource* weights, bool share,
-                                                   NamedWeightLoadStats* stats) {
+                                                   NamedWeightLoadStats* stats, const std::string& scope) {
   KILN_ASSIGN_OR_RETURN(engine::EngineDesc desc, engine::parse_engine(bytes, size));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> loaded,
-                        Engine::load(std::move(desc), device, weights, share, stats));
+                        Engine::load(std::move(desc), device, weights, share, stats, scope));
   return std::shared_ptr<const Engine>(std::move(loaded));
 }
 
@@ -57,20 +57,22 @@ Status check_named_data(const Engine& engine, const WeightSource* weights, Named
 Result<std::shared_ptr<const Engine>> load_engine_shared(const void* bytes, size_t size,
                                                          int device, uint64_t options_key,
                                                          bool share, const WeightSource* weights,
-                                                         EngineLoadStats* stats) {
+                                                         EngineLoadStats* stats, const std::string& state_scope) {
   EngineLoadStats local;
   EngineLoadStats& s = stats != nullptr ? *stats : local;
   s = EngineLoadStats{};
-  if (!share) return load_private(bytes, size, device, weights, false, &s.named);
+  if (!share) return load_private(bytes, size, device, weights, false, &s.named, state_scope);
 
   const auto start = std::chrono::steady_clock::now();
   s.hash = hash_bytes(bytes, size);
   s.hash_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // An Engine holds its states: loads in other state scopes never share one.
+  if (!state_scope.empty()) options_key ^= hash_bytes(state_scope.data(), state_scope.size()) * 0x9e3779b97f4a7c15ull;
   const BytesKey key{device, s.hash, size, options_key};
   Cache::Lookup lookup;
   Result<std::shared_ptr<const Engine>> engine = cache().get_or_load(
-      key, bytes, size, [&] { return load_private(bytes, size, device, weights, true, &s.named); },
+      key, bytes, size, [&] { return load_private(bytes, size, device, weights, true, &s.named, state_scope); },
       &lookup);
   s.shared = lookup.shared;
   s.collided = lookup.collided;

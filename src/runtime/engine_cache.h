@@ -43,13 +43,16 @@ struct EngineLoadStats {
 // private: neither looked up nor published, and its named weights are private
 // copies. Thread-safe: concurrent loads of the same bytes are serialized so
 // that both end up sharing one Engine. `weights` gives the named weights of
-// a fresh load (Engine::load); a reused Engine already holds them (its bytes,
-// which record each named weight's key, size and hash, are identical), so
-// `weights` is then not read.
+// a fresh load (Engine::load); a reused Engine already holds them, and the
+// load's `weights` are still checked against the engine's record (a .pte with
+// external weights loaded without its .ptd is refused either way).
+// `state_scope` names the StateRegistry scope of the engine's mutable states;
+// loads in different scopes never share an Engine.
 Result<std::shared_ptr<const Engine>> load_engine_shared(const void* bytes, size_t size,
                                                          int device, uint64_t options_key,
                                                          bool share, const WeightSource* weights,
-                                                         EngineLoadStats* stats);
+                                                         EngineLoadStats* stats,
+                                                         const std::string& state_scope = "");
 
 // Number of live shared Engines in the cache (expired entries not counted).
 size_t shared_engine_count();

@@ -154,6 +154,8 @@ void* ExecutionContext::tensor_address(uint32_t tensor) {
     case StorageKind::kNamedWeight:
       // Kernels only read weights; the launch API wants non-const pointers.
       return const_cast<void*>(engine_->weight_address(t));
+    case StorageKind::kState:
+      return engine_->state_address(t);
   }
   return nullptr;
 }
@@ -186,6 +188,7 @@ class ExecutionContext::Binder : public StepBinder {
     switch (t.storage) {
       case StorageKind::kWeight:
       case StorageKind::kNamedWeight:
+      case StorageKind::kState:  // fixed for the engine's life, like weights
         return;
       case StorageKind::kInput:
         b.base = Base::kInput;

@@ -1,9 +1,11 @@
-// The process's NamedWeightCache over CUDA (named_weight_cache.h).
+// The process's NamedWeightCache and StateRegistry over CUDA
+// (named_weight_cache.h, state_registry.h).
 #include <cuda_runtime_api.h>
 
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/named_weight_cache.h"
+#include "runtime/state_registry.h"
 
 namespace kiln::runtime {
 namespace {
@@ -37,6 +39,12 @@ NamedWeightCache& process_named_weight_cache() {
   static CudaMemoryOps* const ops = new CudaMemoryOps();
   static NamedWeightCache* const cache = new NamedWeightCache(ops);
   return *cache;
+}
+
+StateRegistry& process_state_registry() {
+  static CudaMemoryOps* const ops = new CudaMemoryOps();
+  static StateRegistry* const registry = new StateRegistry(ops);  // leaked, as the cache
+  return *registry;
 }
 
 }  // namespace kiln::runtime
