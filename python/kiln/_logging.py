@@ -33,11 +33,13 @@ class LoweringProgress:
         self._pending: list = []  # summaries of methods partitioned but not yet preprocessed
         self._started = 0
         self._engine_bytes: list[int] = []
+        self._named_bytes = 0  # weights of this method's engines kept as named data
         self._current = ""  # "i/N" of the partition being compiled
 
     def reset(self) -> None:
         """A new lowering begins: forget what an interrupted one left."""
         self._summary, self._pending, self._started, self._engine_bytes = None, [], 0, []
+        self._named_bytes = 0
 
     def start(self, summary) -> None:
         if summary.partitions == 0:
@@ -48,7 +50,7 @@ class LoweringProgress:
 
     def _next(self) -> None:
         self._summary = self._pending.pop(0) if self._pending else None
-        self._started, self._engine_bytes = 0, []
+        self._started, self._engine_bytes, self._named_bytes = 0, [], 0
 
     def partition(self, nodes: int, compiled_earlier: bool = False) -> None:
         """preprocess reached a partition; `compiled_earlier`: its engine was
@@ -71,11 +73,14 @@ class LoweringProgress:
         if seconds >= slow_s:
             announce(f"kiln: compiled partition {self._current} in {seconds:.1f} s")
 
-    def engine(self, size: int) -> None:
+    def engine(self, size: int, named_weight_bytes: int = 0) -> None:
+        """One partition's engine is done: `size` bytes in the delegate blob,
+        `named_weight_bytes` of its weights in the program's named data."""
         self._engine_bytes.append(size)
+        self._named_bytes += named_weight_bytes
         summary = self._summary
         if summary is not None and len(self._engine_bytes) == summary.partitions:
-            announce(summary.final_line(self._engine_bytes))
+            announce(summary.final_line(self._engine_bytes, self._named_bytes))
             self._next()
 
 

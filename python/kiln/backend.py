@@ -63,10 +63,12 @@ class KilnBackend(BackendDetails):
                 ) from e
         else:
             progress.partition(nodes, compiled_earlier=True)
-        progress.engine(len(engine))
         if not options.weights_prefix:
+            progress.engine(len(engine))
             return PreprocessResult(processed_bytes=engine)
         # Weights go to the program's named data, keyed by model and content,
         # so the engines of every method that use one share one copy.
         engine, entries = native().externalize_weights(engine, options.weights_prefix)
-        return PreprocessResult(processed_bytes=engine, data_store_output=_weights.named_data(entries))
+        named = _weights.named_data(entries)
+        progress.engine(len(engine), sum(len(data) for _key, _name, data in entries))
+        return PreprocessResult(processed_bytes=engine, data_store_output=named)

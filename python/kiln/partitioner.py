@@ -109,12 +109,14 @@ class PartitionSummary:
         text = f"kiln: {self._counts()}"
         return text + f": {self._cpu_ops()}" if self.ops_on_cpu else text
 
-    def final_line(self, engine_bytes: list[int]) -> str:
-        """The one-line result, printed after the last engine is compiled."""
+    def final_line(self, engine_bytes: list[int], named_weight_bytes: int = 0) -> str:
+        """The one-line result, printed after the last engine is compiled:
+        the delegate blobs' sizes, then the weights kept as named data."""
         cpu = f" ({self._cpu_ops()})" if self.ops_on_cpu else ""
         sizes = " + ".join(f"{n:,}" for n in engine_bytes)
         total = f" = {sum(engine_bytes):,}" if len(engine_bytes) > 1 else ""
-        return f"kiln: done: {self._counts()}{cpu}; engines {sizes}{total} bytes"
+        weights = f"; weights {named_weight_bytes:,} bytes as named data" if named_weight_bytes else ""
+        return f"kiln: done: {self._counts()}{cpu}; engines {sizes}{total} bytes{weights}"
 
 
 def _plural(n: int, word: str) -> str:

@@ -37,10 +37,12 @@ def device_resident_config():
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, alloc_graph_output=False))
 
 
-def lowered_for_gpu(ep) -> _compile.CompiledProgram:
-    """What save() used to do for device I/O: lower with target_device set."""
+def lowered_for_gpu(ep, compiled) -> _compile.CompiledProgram:
+    """What save() used to do for device I/O: lower with target_device set
+    (and the same weights key prefix as `compiled`, so the named data match)."""
     options = validate_options(enabled_precisions={torch.float32}, min_block_size=1,
-                               target_sms=(87, 90), use_cuda_graphs=None, target_device="cuda:0")
+                               target_sms=(87, 90), use_cuda_graphs=None, target_device="cuda:0",
+                               weights_prefix=compiled.options.weights_prefix)
     manager, summary = _compile.lower(ep, options)
     return _compile.CompiledProgram(manager, options, summary, ep)
 
@@ -51,7 +53,7 @@ def test_device_io_save_retags_instead_of_relowering(model, tmp_path, monkeypatc
     ep = export(model(), torch.randn(8, 64))
     compiled = kiln.compile(ep)
     host_pte = kiln.save(compiled, tmp_path / "host.pte").read_bytes()
-    reference = kiln.save(lowered_for_gpu(ep), tmp_path / "ref.pte", backend_config=device_resident_config())
+    reference = kiln.save(lowered_for_gpu(ep, compiled), tmp_path / "ref.pte", backend_config=device_resident_config())
 
     lowerings = []
     real_lower = _compile.lower

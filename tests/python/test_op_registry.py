@@ -230,13 +230,17 @@ def test_supported_ops_come_from_the_registry():
 
 def test_debug_dir_dumps_every_pass(tmp_path):
     x = torch.randn(4, 8)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    # (the sigmoid is a generated kernel: no GEMM epilogue has it)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4), torch.nn.Sigmoid())
     kiln.compile(export(model, x), arg_inputs=(x,), debug_dir=tmp_path / "dump")
     files = sorted(p.name for p in (tmp_path / "dump" / "partition_0").iterdir())
     passes = native().pass_names()
     expected = ["00_input.txt"] + [f"{i + 1:02d}_{p}.txt" for i, p in enumerate(passes)]
-    expected.append(f"{len(passes) + 1:02d}_lower.txt")
+    # The CUDA source NVRTC compiled, then the engine's steps.
+    expected += [f"{len(passes) + 1:02d}_kernels.cu", f"{len(passes) + 2:02d}_lower.txt"]
     assert files == expected
+    source = (tmp_path / "dump" / "partition_0" / expected[-2]).read_text()
+    assert "extern \"C\" __global__" in source
     fused = (tmp_path / "dump" / "partition_0" / f"{passes.index('fuse') + 1:02d}_fuse.txt").read_text()
     assert "# step plan" in fused and "linear+relu" in fused
     lowered = (tmp_path / "dump" / "partition_0" / expected[-1]).read_text()

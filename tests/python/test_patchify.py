@@ -23,7 +23,7 @@ def _steps(model, x, tmp_path, **options) -> list[tuple[str, str, list[str]]]:
     assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
     parts = sorted(debug.iterdir())
     assert [p.name for p in parts] == ["partition_0"]
-    dumps = sorted(parts[0].iterdir())
+    dumps = sorted(p for p in parts[0].iterdir() if p.suffix == ".txt")  # not NN_kernels.cu
     assert dumps[-1].name.endswith("_lower.txt")
     plan = dumps[-2].read_text().split("# step plan\n")[1]  # "step 0 label: out <- reads"
     steps = []

@@ -32,9 +32,12 @@ def test_two_partitions(cumsum_program, capsys, caplog):
     ]
     # The compiler's own lines for each partition follow its progress line.
     assert starts[1] - starts[0] > 1 and len(lines) - 1 - starts[1] > 1
+    # Every parameter is delegated, so the named data holds all of them.
+    weights = sum(t.numel() * t.element_size() for t in cumsum_program.state_dict.values())
     assert lines[-1] == (
         "kiln: done: 2 partitions, 4 ops taken by KilnBackend, 1 op left to the CPU "
-        f"(aten.cumsum.default); engines {sizes[0]:,} + {sizes[1]:,} = {sum(sizes):,} bytes"
+        f"(aten.cumsum.default); engines {sizes[0]:,} + {sizes[1]:,} = {sum(sizes):,} bytes; "
+        f"weights {weights:,} bytes as named data"
     )
     # The same lines reach the "kiln" logger, for applications that log.
     logged = [r.getMessage() for r in caplog.records if r.name == "kiln"]
@@ -47,8 +50,9 @@ def test_one_partition_and_a_fresh_count_per_lowering(mlp_program, capsys):
         lines = kiln_lines(capsys.readouterr().err)
         (size,) = [len(bytes(m.processed_bytes)) for m in lowered_modules(compiled.edge_program_manager)]
         assert [l for l in lines if "compiling partition" in l] == ["kiln: compiling partition 1/1: 5 nodes"]
+        weights = sum(t.numel() * t.element_size() for t in mlp_program.state_dict.values())
         assert lines[-1] == (
             "kiln: done: 1 partition, 5 ops taken by KilnBackend, 0 ops left to the CPU; "
-            f"engines {size:,} bytes"
+            f"engines {size:,} bytes; weights {weights:,} bytes as named data"
         )
         assert sum(bool(re.match(r"kiln: done:", l)) for l in lines) == 1
