@@ -149,6 +149,16 @@ def describe_node(node: torch.fx.Node) -> NodeDescription:
         if _is_tensor_node(value):
             node_tensor_type(value)  # validates dtype and static shape
             desc.inputs.append(value)
+        elif (isinstance(value, (list, tuple)) and any(_is_tensor_node(v) for v in value)
+              and all(v is None or _is_tensor_node(v) for v in value) and any(v is None for v in value)):
+            # index_put's [None, None, pos]: the tensors, and the list
+            # positions they stood at
+            tensors = [v for v in value if v is not None]
+            for v in tensors:
+                node_tensor_type(v)
+            desc.inputs.extend(tensors)
+            desc.attrs[f"{arg.name}_count"] = len(tensors)
+            desc.attrs[f"{arg.name}_positions"] = [i for i, v in enumerate(value) if v is not None]
         elif isinstance(value, (list, tuple)) and any(_is_tensor_node(v) for v in value):
             if not all(_is_tensor_node(v) for v in value):
                 raise UnsupportedNode(

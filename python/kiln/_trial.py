@@ -207,7 +207,8 @@ def partition_programs(program, partitions: list[list[str]]) -> list:
     machinery on a copy of `program`."""
     from executorch.exir.backend.backend_api import _create_partitions
     from executorch.exir.backend.partitioner import DelegationSpec, PartitionResult
-    from executorch.exir.backend.utils import _maybe_duplicate_constant_nodes, tag_constant_data
+    from executorch.exir.backend.utils import (_maybe_duplicate_constant_nodes, tag_constant_data,
+                                               tag_mutated_buffer)
 
     work = _copy_program(program)
     by_name = {n.name: n for n in work.graph_module.graph.nodes}
@@ -220,6 +221,7 @@ def partition_programs(program, partitions: list[list[str]]) -> list:
             by_name[name].meta["delegation_tag"] = tag
         tags[tag] = DelegationSpec("KilnTrial", [])
     tag_constant_data(work)
+    tag_mutated_buffer(work)
     for tag in tags:
         _maybe_duplicate_constant_nodes(work, tag)
     created = _create_partitions(work.graph_module, PartitionResult(work, tags), work)

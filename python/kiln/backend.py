@@ -19,7 +19,7 @@ from . import _fx_nodes, _trial, _weights
 from ._logging import announce, progress
 from ._native import CompileError, native
 from ._options import KilnOptions
-from .graph_builder import build
+from .graph_builder import DEFAULT_STATE_PREFIX, build
 
 logger = logging.getLogger("kiln")
 
@@ -43,7 +43,7 @@ class KilnBackend(BackendDetails):
             1 for n in edge_program.graph.nodes
             if n.op == "call_function" and not _fx_nodes.is_getitem(n)
         )
-        built = build(edge_program)
+        built = build(edge_program, state_prefix=options.weights_prefix or DEFAULT_STATE_PREFIX)
         # The partitioner's trial compile already built this engine (same
         # graph, same constants, same options): take it instead of compiling
         # again. A miss (a partitioner that could not trial-compile with real

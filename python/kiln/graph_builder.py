@@ -76,10 +76,18 @@ class BuiltGraph:
     exact: bool = True
 
 
+# Key prefix of the program's mutable buffers (engine states) when the
+# options give no model prefix: "kiln/state/<buffer>".
+DEFAULT_STATE_PREFIX = "kiln/"
+
+
 class _Builder:
-    def __init__(self, program: ExportedProgram, resolve: Optional[ConstantResolver] = None) -> None:
+    def __init__(self, program: ExportedProgram, resolve: Optional[ConstantResolver] = None,
+                 state_prefix: str = DEFAULT_STATE_PREFIX) -> None:
         self.program = program
         self.resolve = resolve
+        self.state_prefix = state_prefix
+        self.states: dict[str, int] = {}  # buffer target -> state value id
         self.graph = native().Graph()
         self.hash = hashlib.sha256()
         self.node_ops: list[tuple[str, str]] = []
@@ -118,6 +126,21 @@ class _Builder:
                 data = tensor_bytes(tensor)
                 self._record("constant", node.name, t.dtype, t.shape, hashlib.sha256(data).hexdigest())
                 self.values[node] = [self.graph.add_constant(node.name, t.dtype, t.shape, data)]
+            elif spec is not None and spec.kind == InputKind.BUFFER and spec.target in mutated_buffers(self.program):
+                # A buffer the program updates in place (a KV cache): engine
+                # state, kept on the GPU across runs under a per-model key.
+                init = self.program.state_dict.get(spec.target)
+                if init is None:
+                    init = self.program.constants.get(spec.target)
+                if init is None and self.resolve is None:
+                    raise CompileError(f"mutable buffer '{spec.target}' has no initial value in the program")
+                if self.resolve is not None and init is not None:
+                    init = self.resolve(spec.target, init)
+                data = b"" if init is None or not bool(torch.count_nonzero(init)) else tensor_bytes(init)
+                key = f"{self.state_prefix}state/{spec.target}"
+                self._record("state", node.name, t.dtype, t.shape, key, hashlib.sha256(data).hexdigest())
+                self.values[node] = [self.graph.add_state(node.name, t.dtype, t.shape, key, data)]
+                self.states[spec.target] = self.values[node][0]
             elif spec is not None and spec.kind == InputKind.USER_INPUT:
                 self._record("input", node.name, t.dtype, t.shape)
                 self.values[node] = [self.graph.add_input(node.name, t.dtype, t.shape)]
@@ -149,19 +172,23 @@ class _Builder:
 
     def set_outputs(self, node: torch.fx.Node) -> None:
         out_specs = self.program.graph_signature.output_specs
-        stateful = [s for s in out_specs if s.kind != OutputKind.USER_OUTPUT]
-        if stateful:
-            raise CompileError(
-                f"output '{stateful[0].arg}' is a {stateful[0].kind.name}; "
-                "Kiln engines have no mutable state"
-            )
         results = node.args[0]
         if not isinstance(results, (list, tuple)):
             results = (results,)
+        if len(results) != len(out_specs):
+            raise CompileError(f"program has {len(results)} outputs but {len(out_specs)} output specs")
         ids = []
-        for value in results:
+        for value, spec in zip(results, out_specs):
             if not isinstance(value, torch.fx.Node):
                 raise CompileError(f"program output {value!r} is not a tensor")
+            if spec.kind == OutputKind.BUFFER_MUTATION and spec.target in self.states:
+                # Updated in place by the engine; not a delegate output.
+                self._record("state_update", spec.target, self.value_of(value, node))
+                self.graph.set_state_update(self.states[spec.target], self.value_of(value, node))
+                continue
+            if spec.kind != OutputKind.USER_OUTPUT:
+                raise CompileError(f"output '{spec.arg}' is a {spec.kind.name}; Kiln engines return user outputs "
+                                   "and update their own mutable buffers only")
             ids.append(self.value_of(value, node))
             self.output_names.append(value.name)
         self._record("outputs", ids)
@@ -184,10 +211,18 @@ def build_graph(program: ExportedProgram) -> Any:
     return build(program).graph
 
 
-def build(program: ExportedProgram, resolve: Optional[ConstantResolver] = None) -> BuiltGraph:
+def mutated_buffers(program: ExportedProgram) -> set[str]:
+    """Buffers (state-dict targets) the program updates in place."""
+    return set(program.graph_signature.buffers_to_mutate.values())
+
+
+def build(program: ExportedProgram, resolve: Optional[ConstantResolver] = None,
+          state_prefix: str = DEFAULT_STATE_PREFIX) -> BuiltGraph:
     """``build_graph`` with the graph's key; `resolve` supplies the real
-    tensor of a constant (see ConstantResolver)."""
-    builder = _Builder(program, resolve)
+    tensor of a constant (see ConstantResolver); mutable buffers become
+    engine states keyed "<state_prefix>state/<buffer>" (state_prefix is the
+    weights' "kiln/<model id>/")."""
+    builder = _Builder(program, resolve, state_prefix)
     builder.add_placeholders()
     for node in program.graph.nodes:
         if node.op == "call_function":

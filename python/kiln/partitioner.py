@@ -25,7 +25,7 @@ from executorch.exir.backend.partitioner import (
     Partitioner,
     PartitionResult,
 )
-from executorch.exir.backend.utils import tag_constant_data
+from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -35,6 +35,7 @@ from ._logging import announce, progress
 from ._native import CompileError, native
 from ._options import KilnOptions, validate_options
 from .backend import KilnBackend, _progress, engine_key  # noqa: F401 - registers the backend class
+from . import graph_builder
 from .graph_builder import build
 
 logger = logging.getLogger("kiln")
@@ -159,6 +160,9 @@ def query_support(
     return native().check_support(desc.op, inputs, desc.attrs, outputs)
 
 
+INDEX_PUT = "aten.index_put.default"
+
+
 class KilnOperatorSupport(OperatorSupportBase):
     """Asks the compiler about each call_function node; remembers the refusals
     so the partitioner can report them."""
@@ -166,6 +170,10 @@ class KilnOperatorSupport(OperatorSupportBase):
     def __init__(self, program: ExportedProgram) -> None:
         super().__init__()
         self._constants = _fx_nodes.constant_placeholder_names(program)
+        sig = program.graph_signature
+        mutated = set(sig.buffers_to_mutate.values())
+        # Placeholders of buffers the program updates in place (KV caches).
+        self._mutable = {name for name, target in sig.inputs_to_buffers.items() if target in mutated}
         self.refusals: dict[torch.fx.Node, str] = {}
         # nodes refused because their partition failed to compile (a subset
         # of refusals)
@@ -177,6 +185,16 @@ class KilnOperatorSupport(OperatorSupportBase):
         self._taken.discard(node)
         self.refusals[node] = reason
         self.compile_failures[node] = reason
+
+    def _in_place_update(self, node: torch.fx.Node) -> Optional[str]:
+        """Kiln takes index_put only as the in-place update of a mutable
+        buffer that nothing else reads (the engine then owns the buffer)."""
+        dst = node.args[0]
+        if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder" and dst.name in self._mutable):
+            return "index_put into a tensor that is not a mutable buffer of the program (Kiln updates caches in place only)"
+        if len(dst.users) != 1:
+            return f"the mutable buffer '{dst.name}' is also read before its update"
+        return None
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         if node.op != "call_function":
@@ -192,6 +210,8 @@ class KilnOperatorSupport(OperatorSupportBase):
         if node in self.refusals:
             return False
         reason = query_support(node, self._constants)
+        if reason is None and _fx_nodes.op_name(node.target) == INDEX_PUT:
+            reason = self._in_place_update(node)
         if reason is not None:
             self.refusals[node] = reason
             return False
@@ -393,6 +413,8 @@ class KilnPartitioner(Partitioner):
                 node.meta["delegation_tag"] = tag
             partition_tags[tag] = self.delegation_spec
         tag_constant_data(exported_program)
+        # A buffer whose in-place update Kiln took moves into that engine.
+        tag_mutated_buffer(exported_program)
 
         self._log_refusals(support, Counter(summary.ops_on_cpu))
         self.last_summary = summary
@@ -435,7 +457,8 @@ class _Trial:
         """None when `program` compiles (its engine cached when its constants
         are the real ones), else the exception."""
         try:
-            built = build(program, self.real.resolve)
+            built = build(program, self.real.resolve,
+                          self.options.weights_prefix or graph_builder.DEFAULT_STATE_PREFIX)
             key = engine_key(built.key, self.options)
             if _trial.ENGINE_CACHE.get(key) is not None:
                 return None

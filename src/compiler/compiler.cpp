@@ -27,6 +27,7 @@ class Lowering final : public ops::LowerContext {
   Lowering(const ir::Graph& graph, const passes::ExecPlan& plan) : graph_(graph), plan_(plan) {}
 
   engine::EngineDesc run(const CompileOptions& options, engine::DType compute) {
+    add_states();
     add_io_tensors();
     assign_storage();
     source_ = ops::pointwise_prelude();
@@ -112,6 +113,18 @@ class Lowering final : public ops::LowerContext {
     uint32_t index = static_cast<uint32_t>(desc_.tensors.size() - 1);
     index_[plan_.storage_of(value)] = index;
     return index;
+  }
+
+  // Each state: its StateDesc (key, size, initial value) and one kState
+  // tensor covering it, which every alias of the state (its in-place
+  // updates) shares.
+  void add_states() {
+    for (size_t i = 0; i < graph_.states().size(); ++i) {
+      const ir::State& s = graph_.states()[i];
+      const ir::Value& v = graph_.value(s.value);
+      desc_.states.push_back(engine::StateDesc{s.key, v.nbytes(), v.data});
+      add_tensor(s.value, engine::StorageKind::kState, static_cast<uint32_t>(i));
+    }
   }
 
   void add_io_tensors() {
@@ -221,7 +234,7 @@ struct Pass {
 void check_plan_reads(const ir::Graph& graph, const passes::ExecPlan& plan) {
   std::set<int> ready(graph.inputs().begin(), graph.inputs().end());
   for (const ir::Value& v : graph.values())
-    if (v.is_constant) ready.insert(v.id);
+    if (v.is_constant || v.is_state) ready.insert(v.id);
   for (const ops::PlannedOp& op : plan.ops) {
     for (int r : op.reads()) {
       if (ready.count(r) || ready.count(plan.storage_of(r))) continue;

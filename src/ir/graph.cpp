@@ -101,6 +101,33 @@ int Graph::add_constant(const std::string& name, DType dtype, std::vector<int64_
   return id;
 }
 
+int Graph::add_state(const std::string& name, DType dtype, std::vector<int64_t> shape, const std::string& key,
+                     std::vector<uint8_t> init) {
+  int id = new_value(name, dtype, std::move(shape));
+  Value& v = values_[static_cast<size_t>(id)];
+  if (!init.empty() && init.size() != v.nbytes())
+    throw CompileError("state '" + name + "': " + std::to_string(init.size()) + " bytes of initial value, " +
+                       shape_to_string(v.shape) + " of " + engine::dtype_name(dtype) + " needs " +
+                       std::to_string(v.nbytes()));
+  if (key.empty()) throw CompileError("state '" + name + "' has no key");
+  v.is_state = true;
+  v.data = std::move(init);
+  states_.push_back(State{id, -1, key});
+  return id;
+}
+
+void Graph::set_state_update(int state, int value) {
+  for (State& s : states_) {
+    if (s.value != state) continue;
+    if (value < 0 || static_cast<size_t>(value) >= values_.size())
+      throw CompileError("state '" + values_[static_cast<size_t>(state)].name + "': update value id " +
+                         std::to_string(value) + " does not exist");
+    s.update = value;
+    return;
+  }
+  throw CompileError("value id " + std::to_string(state) + " is not a state");
+}
+
 int Graph::add_node(const std::string& op, const std::string& name, std::vector<int> inputs,
                     std::map<std::string, Attr> attrs,
                     const std::vector<std::pair<DType, std::vector<int64_t>>>& output_types) {
@@ -132,6 +159,7 @@ void Graph::verify() const {
       throw CompileError("graph input id " + std::to_string(id) + " does not exist");
     defined[static_cast<size_t>(id)] = true;
   }
+  for (const State& s : states_) defined[static_cast<size_t>(s.value)] = true;
   for (const Value& v : values_) {
     if (v.is_constant) {
       if (v.data.size() != v.nbytes())
@@ -156,7 +184,18 @@ void Graph::verify() const {
       defined[static_cast<size_t>(out)] = true;
     }
   }
-  if (outputs_.empty()) throw CompileError("graph has no outputs");
+  for (const State& s : states_) {
+    const Value& v = value(s.value);
+    if (s.update < 0) continue;
+    const Value& u = value(s.update);
+    if (!defined[static_cast<size_t>(s.update)])
+      throw CompileError("state '" + v.name + "': its update '" + u.name + "' is not produced by the graph");
+    if (u.dtype != v.dtype || u.shape != v.shape)
+      throw CompileError("state '" + v.name + "' is " + engine::dtype_name(v.dtype) + shape_to_string(v.shape) +
+                         " but its update '" + u.name + "' is " + engine::dtype_name(u.dtype) +
+                         shape_to_string(u.shape));
+  }
+  if (outputs_.empty() && states_.empty()) throw CompileError("graph has no outputs");
   for (int id : outputs_) {
     if (id < 0 || static_cast<size_t>(id) >= values_.size() || !defined[static_cast<size_t>(id)])
       throw CompileError("graph output id " + std::to_string(id) + " is not produced by the graph");
@@ -168,6 +207,11 @@ std::string Graph::describe() const {
   for (int id : inputs_) {
     const Value& v = value(id);
     out << "input " << v.name << ": " << engine::dtype_name(v.dtype) << shape_to_string(v.shape) << "\n";
+  }
+  for (const State& s : states_) {
+    const Value& v = value(s.value);
+    out << "state " << v.name << ": " << engine::dtype_name(v.dtype) << shape_to_string(v.shape) << " '" << s.key
+        << "'" << (s.update >= 0 ? " <- " + value(s.update).name : std::string()) << "\n";
   }
   for (const Node& node : nodes_) {
     out << node.name << " = " << node.op << "(";

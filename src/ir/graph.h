@@ -39,7 +39,8 @@ struct Value {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   bool is_constant = false;
-  std::vector<uint8_t> data;  // constants only: contiguous row-major bytes
+  bool is_state = false;      // mutable state (Graph::states): its value before this run
+  std::vector<uint8_t> data;  // constants: contiguous row-major bytes; states: initial value (empty: zeros)
   int producer = -1;          // node index, -1 for inputs and constants
 
   int64_t numel() const;
@@ -60,6 +61,15 @@ struct Node {
   std::vector<int64_t> ints_attr(const std::string& key) const;
 };
 
+// Mutable state (a KV cache): `value` is its content when a run starts;
+// `update`, when set, the value it holds after the run (written in place).
+// `key` names it across engines ("kiln/<model id>/state/<buffer>").
+struct State {
+  int value = -1;
+  int update = -1;
+  std::string key;
+};
+
 class Graph {
  public:
   int add_input(const std::string& name, DType dtype, std::vector<int64_t> shape);
@@ -71,6 +81,14 @@ class Graph {
                std::map<std::string, Attr> attrs,
                const std::vector<std::pair<DType, std::vector<int64_t>>>& output_types);
   void set_outputs(std::vector<int> outputs) { outputs_ = std::move(outputs); }
+  // A state value (no producer, not an input); `init` is its initial bytes
+  // (empty: zeros).
+  int add_state(const std::string& name, DType dtype, std::vector<int64_t> shape, const std::string& key,
+                std::vector<uint8_t> init = {});
+  // After a run, state `state` (a value from add_state) holds `value`.
+  void set_state_update(int state, int value);
+  const std::vector<State>& states() const { return states_; }
+  std::vector<State>& states() { return states_; }
 
   const std::vector<Value>& values() const { return values_; }
   std::vector<Value>& values() { return values_; }
@@ -95,6 +113,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<int> inputs_;
   std::vector<int> outputs_;
+  std::vector<State> states_;
 };
 
 int64_t numel_of(const std::vector<int64_t>& shape);

@@ -170,14 +170,14 @@ ExecPlan Fuser::run() {
   if (!deferred_.empty()) throw CompileError("internal: a fused step was never placed");
 
   // Each graph output gets storage of its own: outputs that are graph inputs,
-  // constants, or share storage with an earlier output are copied.
+  // constants, states, or share storage with an earlier output are copied.
   std::vector<int> outputs = graph_.outputs();
   std::vector<bool> taken(graph_.values().size() + outputs.size(), false);
   for (int& id : outputs) {
     int root = plan_.storage_of(id);
     const ir::Value& v = graph_.value(root);
     bool is_input = std::find(graph_.inputs().begin(), graph_.inputs().end(), root) != graph_.inputs().end();
-    if (!is_input && !v.is_constant && !taken[static_cast<size_t>(root)]) {
+    if (!is_input && !v.is_constant && !v.is_state && !taken[static_cast<size_t>(root)]) {
       taken[static_cast<size_t>(root)] = true;
       continue;
     }
@@ -198,6 +198,8 @@ ExecPlan Fuser::run() {
   // can follow them.
   std::vector<bool> needed(graph_.values().size(), false);
   for (int id : graph_.outputs()) needed[static_cast<size_t>(plan_.storage_of(id))] = true;
+  for (const ir::State& st : graph_.states())  // an in-place update is a result too
+    if (st.update >= 0) needed[static_cast<size_t>(plan_.storage_of(st.update))] = true;
   for (size_t i = plan_.ops.size(); i-- > 0;) {
     if (dead_[i]) continue;
     if (!needed[static_cast<size_t>(plan_.storage_of(plan_.ops[i].writes()))]) {

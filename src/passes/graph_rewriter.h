@@ -23,6 +23,10 @@ class GraphRewriter {
     }
     for (const ir::Value& v : src.values())
       if (v.is_constant) map_[static_cast<size_t>(v.id)] = out_.add_constant(v.name, v.dtype, v.shape, v.data);
+    for (const ir::State& s : src.states()) {
+      const ir::Value& v = src.value(s.value);
+      map_[static_cast<size_t>(s.value)] = out_.add_state(v.name, v.dtype, v.shape, s.key, v.data);
+    }
   }
 
   ir::Graph& out() { return out_; }
@@ -53,6 +57,8 @@ class GraphRewriter {
     std::vector<int> outputs;
     for (int o : src_.outputs()) outputs.push_back(map(o));
     out_.set_outputs(std::move(outputs));
+    for (const ir::State& s : src_.states())
+      if (s.update >= 0) out_.set_state_update(map(s.value), map(s.update));
     return std::move(out_);
   }
 

@@ -33,6 +33,12 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute) {
     const ir::Value& v = graph.value(id);
     map[static_cast<size_t>(id)] = out.add_input(v.name, v.dtype, v.shape);
   }
+  // States keep their dtype (their storage outlives the engine); an update
+  // of another dtype fails the graph's verify, and the partition stays on the CPU.
+  for (const ir::State& s : graph.states()) {
+    const ir::Value& v = graph.value(s.value);
+    map[static_cast<size_t>(s.value)] = out.add_state(v.name, v.dtype, v.shape, s.key, v.data);
+  }
   for (const ir::Value& v : graph.values()) {
     if (!v.is_constant) continue;
     engine::DType d = lowered(v.dtype);
@@ -82,6 +88,8 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute) {
     outputs.push_back(mapped);
   }
   out.set_outputs(outputs);
+  for (const ir::State& s : graph.states())
+    if (s.update >= 0) out.set_state_update(map[static_cast<size_t>(s.value)], map[static_cast<size_t>(s.update)]);
   out.verify();
   return out;
 }

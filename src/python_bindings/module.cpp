@@ -173,6 +173,18 @@ NB_MODULE(_kiln_compiler, m) {
           },
           "name"_a, "dtype"_a, "shape"_a, "data"_a,
           "Adds a constant with its contiguous row-major bytes; returns its value id.")
+      .def(
+          "add_state",
+          [](ir::Graph& g, const std::string& name, const std::string& dtype, nb::handle shape,
+             const std::string& key, nb::bytes init) {
+            return g.add_state(name, dtype_from_string(dtype, name.c_str()), shape_from_python(shape, name.c_str()),
+                               key, bytes_to_vector(init));
+          },
+          "name"_a, "dtype"_a, "shape"_a, "key"_a, "init"_a,
+          "Adds a mutable state (a buffer the program updates in place) with its initial bytes "
+          "(b'' for zeros); returns its value id.")
+      .def("set_state_update", &ir::Graph::set_state_update, "state"_a, "value"_a,
+           "After a run, state `state` holds `value` (written in place).")
       .def("add_node", &py_add_node, "op"_a, "name"_a, "inputs"_a, "attrs"_a, "outputs"_a,
            "Adds a node; `outputs` is a list of (dtype, shape). Returns the output value ids.")
       .def("set_outputs", &ir::Graph::set_outputs, "outputs"_a)

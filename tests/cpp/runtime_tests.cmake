@@ -31,6 +31,16 @@ if(TARGET kiln_runner)
   target_link_libraries(kiln_multi_method_test PRIVATE
     kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
 
+  # Engine-owned mutable state (a KV cache updated in place); run on the GPU
+  # machine by scripts/gpu_state_test.sh, not by ctest.
+  add_executable(kiln_state_test
+    ${PROJECT_SOURCE_DIR}/tests/gpu/state_test.cpp
+    ${_runner_dir}/tensor_file.cpp
+    ${_runner_dir}/tensor_math.cpp)
+  target_include_directories(kiln_state_test PRIVATE ${_runner_dir})
+  target_link_libraries(kiln_state_test PRIVATE
+    kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
+
   # Issue 13's GPU reliability tests (bad inputs through Module, 8 threads x 10,000
   # runs, alternating caller streams, load/run/destroy cycles, out of memory, SM
   # mismatch), on the files of tests/gpu/export_reliability_tests.py; run by

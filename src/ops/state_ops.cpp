@@ -1,0 +1,141 @@
+#include "ops/state_ops.h"
+
+#include <algorithm>
+#include <sstream>
+#include <variant>
+
+#include "codegen/cuda_dtype.h"
+#include "ops/op_registry.h"
+
+namespace kiln::ops {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+constexpr unsigned kScatterBlock = 256;
+
+std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+
+// The one indexed dim of the node, or an error message.
+std::string indexed_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, int64_t* dim) {
+  auto count = attrs.find("indices_count");
+  auto positions = attrs.find("indices_positions");  // absent: the list has no None
+  if (count == attrs.end()) return "index_put needs its index list";
+  const auto* n = std::get_if<int64_t>(&count->second);
+  static const std::vector<int64_t> kFirst{0};
+  const auto* p = positions == attrs.end() ? &kFirst : std::get_if<std::vector<int64_t>>(&positions->second);
+  if (n == nullptr || p == nullptr || *n != 1 || p->size() != 1)
+    return "index_put with more than one index tensor is not supported (one position dim only)";
+  if ((*p)[0] < 0 || static_cast<size_t>((*p)[0]) >= rank) return "index_put index position out of range";
+  *dim = (*p)[0];
+  return "";
+}
+
+std::string describe(const std::map<std::string, ir::Attr>& attrs, const std::vector<TensorInfo>& in,
+                     const TensorInfo& out, int64_t* dim) {
+  if (in.size() != 3) return "index_put needs a destination, one index tensor and values";
+  auto acc = attrs.find("accumulate");
+  if (acc != attrs.end()) {
+    const auto* b = std::get_if<bool>(&acc->second);
+    if (b != nullptr && *b) return "index_put with accumulate=True is not supported";
+  }
+  const Shape& dst = in[0].shape;
+  std::string why = indexed_dim(attrs, dst.size(), dim);
+  if (!why.empty()) return why;
+  if (!codegen::is_integer(in[1].dtype) || in[1].shape.size() != 1) return "index_put needs a 1-D int64/int32 index";
+  Shape want = dst;
+  want[static_cast<size_t>(*dim)] = in[1].shape[0];
+  // Leading 1-dims change no element's place (`cache[:, :, pos] = x` gives
+  // x without the batch dim); other broadcasting is not supported.
+  auto strip = [](Shape s) {
+    while (!s.empty() && s.front() == 1) s.erase(s.begin());
+    return s;
+  };
+  if (strip(in[2].shape) != strip(want))
+    return "index_put values must have the destination's shape with the index's length (broadcasting only "
+           "over leading 1-dims)";
+  if (in[2].dtype != in[0].dtype || out.dtype != in[0].dtype || out.shape != dst)
+    return "index_put dtypes or output shape do not match the destination";
+  return "";
+}
+
+}  // namespace
+
+std::string check_index_put(const OpQuery& q) {
+  if (q.outputs.size() != 1) return "index_put needs one output";
+  int64_t dim = 0;
+  return describe(q.attrs, q.inputs, q.outputs[0], &dim);
+}
+
+void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  const ir::Graph& g = ctx.graph();
+  const ir::Value& dst = g.value(state);
+  const ir::Value& idx = g.value(index);
+  const ir::Value& val = g.value(values);
+  const size_t rank = dst.shape.size(), d = static_cast<size_t>(dim);
+  int64_t inner = 1;  // elements after `dim`
+  for (size_t j = d + 1; j < rank; ++j) inner *= dst.shape[j];
+  const int64_t n = idx.shape[0], size = dst.shape[d], total = val.numel();
+  const size_t elem = engine::dtype_size(dst.dtype);
+  const char* unit = elem == 8 ? "unsigned long long" : elem == 4 ? "unsigned int" : elem == 2 ? "unsigned short"
+                                                                                                 : "unsigned char";
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_state_scatter");
+  std::ostringstream s;
+  // values[o, i, r] -> state[o, index[i], r]: one thread an element of values.
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kScatterBlock << ") " << k.function << "(\n"
+    << "    " << unit << "* __restrict__ state, const " << codegen::storage_type(idx.dtype) << "* __restrict__ index,\n"
+    << "    const " << unit << "* __restrict__ values) {\n"
+    << "  const long long stride = (long long)gridDim.x * " << kScatterBlock << ";\n"
+    << "  for (long long e = (long long)blockIdx.x * " << kScatterBlock << " + threadIdx.x; e < " << ll(total)
+    << "; e += stride) {\n"
+    << "    const long long r = e % " << ll(inner) << ", i = (e / " << ll(inner) << ") % " << ll(n)
+    << ", o = e / " << ll(inner * n) << ";\n"
+    << "    long long p = (long long)index[i];\n"
+    << "    if (p < 0) p += " << ll(size) << ";\n"
+    << "    p = p < 0 ? 0 : (p >= " << ll(size) << " ? " << ll(size - 1) << " : p);\n"
+    << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + r] = values[e];\n"
+    << "  }\n}\n";
+  ctx.add_source(s.str());
+  k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (total + kScatterBlock - 1) / kScatterBlock), 65536));
+  k.block[0] = kScatterBlock;
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(index), ctx.tensor_arg(values)};
+}
+
+KILN_REGISTER_OPS(state) {
+  OpDef def;
+  def.name = "aten.index_put.default";
+  def.role = OpRole::kStep;
+  def.check = check_index_put;
+  def.any_dtype = true;
+  def.index_inputs = {1};
+  def.plan = [](PlanContext& ctx, int node) {
+    const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+    const ir::Graph& g = ctx.graph();
+    std::vector<TensorInfo> in;
+    for (int id : n.inputs) in.push_back({g.value(id).dtype, g.value(id).shape, false});
+    StateScatterPlan p;
+    std::string why = describe(n.attrs, in, {g.value(n.outputs[0]).dtype, g.value(n.outputs[0]).shape, false}, &p.dim);
+    if (!why.empty()) throw CompileError("node '" + n.name + "': " + why);
+    p.state = n.inputs[0];
+    if (!g.value(p.state).is_state)
+      throw CompileError("node '" + n.name + "': index_put into '" + g.value(p.state).name +
+                         "', which is not a mutable buffer of the program (only in-place cache updates are "
+                         "supported)");
+    // In place: nothing may read the state's old value after this step.
+    for (int user : ctx.consumers(p.state))
+      if (user != node)
+        throw CompileError("node '" + n.name + "': the old value of state '" + g.value(p.state).name +
+                           "' is read by '" + g.nodes()[static_cast<size_t>(user)].name +
+                           "' too; an in-place update cannot keep it");
+    p.index = n.inputs[1];
+    p.values = n.inputs[2];
+    p.out = n.outputs[0];
+    ctx.alias(p.out, p.state);
+    ctx.emit(PlannedOp("state_update", std::move(p)));
+  };
+  register_op(std::move(def));
+}
+
+}  // namespace kiln::ops

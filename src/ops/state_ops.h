@@ -1,0 +1,39 @@
+// In-place updates of mutable state (a KV cache): `aten.index_put` whose
+// destination is a state value (ir::State) with one index tensor on one dim,
+// as torch.export writes `cache.index_copy_(d, pos, x)` or
+// `cache[:, :, pos] = x`. The step writes only the indexed slices, straight
+// into the state's storage (the node's output aliases the state): no copy of
+// the cache, ever. An index_put into anything else is refused (the
+// partitioner leaves it to the CPU).
+//
+// Index range as the gathers (gather_ops.h): negative indices wrap once, the
+// rest is clamped, so a bad position writes a wrong slice of the cache,
+// never memory outside it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ops/op_query.h"
+#include "ops/step_plan.h"
+
+namespace kiln::ops {
+
+struct StateScatterPlan : StepPlanBase<StateScatterPlan> {
+  int state = -1;   // the destination's storage (a state value)
+  int out = -1;     // the node's output, an alias of `state`
+  int index = -1;   // int64/int32 positions along `dim`, 1-D
+  int values = -1;  // the state's shape with dim `dim` of the index's length
+  int64_t dim = 0;
+
+  std::vector<int> reads() const override { return {index, values}; }
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// Empty when the compiler takes the node's shapes and attributes, else why not.
+std::string check_index_put(const OpQuery& query);
+
+}  // namespace kiln::ops

@@ -1,0 +1,113 @@
+// GPU test of engine-owned mutable state (a KV cache updated in place), run on
+// the GPU machine by scripts/gpu_state_test.sh on the files of
+// tests/gpu/export_state_test.py: the steps run in order through one Module,
+// each against PyTorch's output for the same step. Each output reads the
+// whole cache, so a state that is lost, copied instead of updated, or
+// updated at the wrong slot fails the steps after it. Then a second Module of
+// the same file (same state scope) must see the same cache: its first step
+// repeats the last one and must match it. Prints PASS/FAIL lines; exit 1 if
+// any failed.
+//
+//   kiln_state_test <files dir>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr_maker.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "tensor_file.h"
+#include "tensor_math.h"
+
+namespace {
+
+namespace et = executorch::runtime;
+using executorch::extension::Module;
+using kiln::tools::HostTensor;
+
+int g_failures = 0;
+
+void report(bool ok, const std::string& what) {
+  std::printf("%s  %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  g_failures += ok ? 0 : 1;
+}
+
+executorch::aten::ScalarType scalar_type(kiln::engine::DType d) {
+  switch (d) {
+    case kiln::engine::DType::kInt64: return executorch::aten::ScalarType::Long;
+    case kiln::engine::DType::kInt32: return executorch::aten::ScalarType::Int;
+    case kiln::engine::DType::kFloat16: return executorch::aten::ScalarType::Half;
+    default: return executorch::aten::ScalarType::Float;
+  }
+}
+
+// Runs step `t` of `dir` through `module`; its rel_err against PyTorch, or -1.
+double run_step(Module& module, const std::string& dir, int t) {
+  auto in = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".inputs.ktensors");
+  auto ex = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".expected.ktensors");
+  if (!in.is_ok() || !ex.is_ok() || ex.value().size() != 1) return -1;
+  std::vector<HostTensor> inputs = in.value();
+  std::vector<executorch::extension::TensorPtr> keep;
+  std::vector<et::EValue> args;
+  for (HostTensor& h : inputs) {
+    std::vector<executorch::aten::SizesType> sizes(h.shape.begin(), h.shape.end());
+    keep.push_back(executorch::extension::from_blob(h.data.data(), sizes, scalar_type(h.dtype)));
+    args.emplace_back(*keep.back());
+  }
+  auto result = module.execute("forward", args);
+  if (!result.ok() || result->empty() || !(*result)[0].isTensor()) return -1;
+  const auto& out = (*result)[0].toTensor();
+  HostTensor got;
+  got.dtype = ex.value()[0].dtype;
+  got.shape.assign(out.sizes().begin(), out.sizes().end());
+  const auto* p = static_cast<const uint8_t*>(out.const_data_ptr());
+  got.data.assign(p, p + out.nbytes());
+  if (got.shape != ex.value()[0].shape) return -1;
+  const kiln::tools::Comparison cmp = kiln::tools::compare_tensors(got, ex.value()[0]);
+  return cmp.non_finite == 0 ? cmp.rel_err : -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: kiln_state_test <files dir> <steps> <rtol>\n");
+    return 2;
+  }
+  et::runtime_init();
+  const std::string dir = argv[1];
+  const int steps = std::atoi(argv[2]);
+  const double rtol = std::atof(argv[3]);
+  Module module(dir + "/decoder.pte", Module::LoadMode::Mmap);
+  if (module.load_method("forward") != et::Error::Ok) {
+    report(false, "load decoder.pte");
+    return 1;
+  }
+  double worst = 0;
+  bool ok = true;
+  for (int t = 0; t < steps; ++t) {
+    const double e = run_step(module, dir, t);
+    if (e < 0 || e > rtol) {
+      std::printf("INFO  step %d: rel_err %.2e\n", t, e);
+      ok = false;
+    }
+    worst = std::max(worst, e);
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "%d decode steps through one module match PyTorch with the cache kept on the GPU and "
+                "updated in place (worst rel_err %.2e, rtol %.0e)", steps, worst, rtol);
+  report(ok, line);
+  // A second module of the same file shares the cache (one state scope): its
+  // first run of the last step writes the same slot with the same values, so
+  // it sees exactly the cache the first module left.
+  Module second(dir + "/decoder.pte", Module::LoadMode::Mmap);
+  const double again = second.load_method("forward") == et::Error::Ok ? run_step(second, dir, steps - 1) : -1;
+  std::snprintf(line, sizeof(line), "a second module of the file sees the same cache (rel_err %.2e)", again);
+  report(again >= 0 && again <= rtol, line);
+  return g_failures == 0 ? 0 : 1;
+}
