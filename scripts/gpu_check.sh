@@ -53,9 +53,18 @@ if [ -f "$bundle/multi_method/manifest.json" ] && [ -x build-gpu/tests/cpp/kiln_
 else
   echo "($bundle/multi_method not carried: multi-method test skipped)"
 fi
+# Engine-owned mutable state: a KV cache kept on the GPU and updated in place
+# (issue 12; files from tests/gpu/export_state_test.py).
+state_failed=0
+if [ -f "$bundle/state/manifest.json" ] && [ -x build-gpu/tests/cpp/kiln_state_test ]; then
+  steps=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$bundle/state/manifest.json")
+  build-gpu/tests/cpp/kiln_state_test "$bundle/state" "$steps" 1e-5 2>&1 | grep -vE "^I " || state_failed=1
+else
+  echo "($bundle/state not carried: engine-state test skipped)"
+fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
-  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ]
+  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ]
   exit
 fi
 
@@ -79,4 +88,4 @@ if [ "$app_failed" = 0 ]; then
     { echo "FAIL  consumer app exit $?"; app_failed=1; }
 fi
 [ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
-  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ]
+  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ]

@@ -32,7 +32,7 @@ if(TARGET kiln_runner)
     kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
 
   # Engine-owned mutable state (a KV cache updated in place); run on the GPU
-  # machine by scripts/gpu_state_test.sh, not by ctest.
+  # machine by scripts/gpu_check.sh, not by ctest.
   add_executable(kiln_state_test
     ${PROJECT_SOURCE_DIR}/tests/gpu/state_test.cpp
     ${_runner_dir}/tensor_file.cpp

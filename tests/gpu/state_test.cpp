@@ -1,5 +1,5 @@
 // GPU test of engine-owned mutable state (a KV cache updated in place), run on
-// the GPU machine by scripts/gpu_state_test.sh on the files of
+// the GPU machine by scripts/gpu_check.sh (when $bundle/state is carried) on the files of
 // tests/gpu/export_state_test.py: the steps run in order through one Module,
 // each against PyTorch's output for the same step. Each output reads the
 // whole cache, so a state that is lost, copied instead of updated, or
@@ -8,7 +8,7 @@
 // repeats the last one and must match it. Prints PASS/FAIL lines; exit 1 if
 // any failed.
 //
-//   kiln_state_test <files dir>
+//   kiln_state_test <files dir> <steps> <rtol>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
