@@ -451,9 +451,9 @@ TEST(EngineFormat, LayoutMatchesTheDocumentation) {
   ASSERT_GE(b.size(), 256u);
   EXPECT_EQ(std::memcmp(b.data(), kEngineMagic, 8), 0);
   EXPECT_EQ(load_le32(&b[L::kVersionOffset]), kEngineFormatVersion);
-  EXPECT_EQ(load_le32(&b[L::kSectionCountOffset]), 7u);
+  EXPECT_EQ(load_le32(&b[L::kSectionCountOffset]), 8u);
   EXPECT_EQ(load_le64(&b[L::kTotalSizeOffset]), b.size());
-  for (uint32_t kind = 1; kind <= 7; ++kind) {
+  for (uint32_t kind = 1; kind <= 8; ++kind) {
     SectionSpan s = find_section(b, static_cast<L::SectionKind>(kind));
     EXPECT_EQ(s.offset % 64, 0u) << L::section_name(kind);
     EXPECT_EQ(load_le32(&b[s.entry + L::kEntryCrcOffset]), crc32c(&b[s.offset], s.size));
@@ -463,7 +463,10 @@ TEST(EngineFormat, LayoutMatchesTheDocumentation) {
   SectionSpan named = find_section(b, L::SectionKind::kNamedWeights);
   EXPECT_EQ(named.offset, (w.offset + w.size + 63) / 64 * 64);
   EXPECT_EQ(named.size, 4u);  // no named weights: just the count
-  EXPECT_EQ(named.offset + named.size, b.size());
+  SectionSpan states = find_section(b, L::SectionKind::kStates);
+  EXPECT_EQ(states.offset, (named.offset + named.size + 63) / 64 * 64);
+  EXPECT_EQ(states.size, 4u);  // no states: just the count
+  EXPECT_EQ(states.offset + states.size, b.size());
 }
 
 // ---- corruption ----------------------------------------------------------------
@@ -903,6 +906,66 @@ TEST(EngineFormatNamedWeights, ValidationNamesEachProblem) {
   d = base;
   d.steps[0].gemm.out = 1;  // a step may not write a weight
   EXPECT_FALSE(validate_engine(d).is_ok());
+}
+
+// ---- states (mutable buffers, format version 5) ----------------------------------
+
+// The engine with a 2 KiB state read by the kernel step's first argument.
+EngineDesc engine_with_state(std::mt19937& rng, std::vector<uint8_t> init) {
+  EngineDesc d = make_engine(rng);
+  d.states.push_back(StateDesc{"kiln/m/state/k_cache", 2048, std::move(init)});
+  TensorDesc t;
+  t.name = "k_cache";
+  t.dtype = DType::kFloat16;
+  t.shape = {4, 256};
+  t.storage = StorageKind::kState;
+  t.io_index = 0;
+  t.offset = 0;
+  t.nbytes = 2048;
+  d.tensors.push_back(t);
+  return d;
+}
+
+TEST(EngineFormatStates, RoundTripWithAndWithoutInitialValue) {
+  SEEDED_RNG(rng);
+  for (bool zeros : {true, false}) {
+    EngineDesc d = engine_with_state(rng, zeros ? std::vector<uint8_t>{} : random_bytes(rng, 2048));
+    std::vector<uint8_t> b = serialize_ok(d);
+    auto parsed = parse_engine(b.data(), b.size());
+    ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+    ASSERT_EQ(parsed.value().states.size(), 1u);
+    EXPECT_EQ(parsed.value().states[0].key, "kiln/m/state/k_cache");
+    EXPECT_EQ(parsed.value().states[0].nbytes, 2048u);
+    EXPECT_EQ(parsed.value().states[0].init, d.states[0].init);
+    EXPECT_EQ(parsed.value().tensors.back().storage, StorageKind::kState);
+  }
+}
+
+TEST(EngineFormatStates, ValidationNamesEachProblem) {
+  SEEDED_RNG(rng);
+  const EngineDesc base = engine_with_state(rng, {});
+  ASSERT_TRUE(validate_engine(base).is_ok());
+  auto expect_invalid = [](const EngineDesc& d, const char* what) {
+    Status s = validate_engine(d);
+    EXPECT_FALSE(s.is_ok()) << what;
+    EXPECT_MESSAGE_HAS(s, what);
+  };
+  EngineDesc d = base;
+  d.tensors.back().io_index = 3;
+  expect_invalid(d, "state 3 out of range");
+  d = base;
+  d.tensors.back().offset = 2;
+  expect_invalid(d, "lies outside the 2048-byte state");
+  d = base;
+  d.states[0].init.assign(100, 1);
+  expect_invalid(d, "initial value of 100 bytes");
+  d = base;
+  d.states.push_back(d.states[0]);
+  expect_invalid(d, "appears more than once");
+  d = base;
+  d.states[0].nbytes = 0;
+  d.tensors.back().nbytes = 0;
+  expect_invalid(d, "0 bytes");
 }
 
 }  // namespace

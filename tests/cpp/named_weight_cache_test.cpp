@@ -12,6 +12,7 @@
 
 #include "engine_format/engine_format.h"
 #include "runtime/named_weight_cache.h"
+#include "runtime/state_registry.h"
 
 namespace kiln::runtime {
 namespace {
@@ -204,4 +205,45 @@ TEST(NamedWeightCache, ConcurrentLoadsOfOneKeyUploadOnce) {
 }
 
 }  // namespace
+// Mutable state: one buffer per (device, scope, key), shared while alive,
+// zero-filled or holding the recorded initial value, refused at another size.
+TEST(StateRegistry, SharedByKeyZeroFilledAndSizeChecked) {
+  FakeOps ops;
+  StateRegistry registry(&ops);
+  const engine::StateDesc cache{"kiln/m/state/k", 64, {}};
+  auto a = registry.acquire(0, "", cache);
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_FALSE(a.value().reused);
+  const auto* bytes = static_cast<const uint8_t*>(a.value().state->data());
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(bytes[i], 0) << i;
+  static_cast<uint8_t*>(a.value().state->data())[5] = 7;  // a step wrote it
+  auto b = registry.acquire(0, "", cache);  // decode after prefill
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_TRUE(b.value().reused);
+  EXPECT_EQ(b.value().state.get(), a.value().state.get());
+  EXPECT_EQ(static_cast<const uint8_t*>(b.value().state->data())[5], 7);
+  // Another scope or device: another buffer.
+  auto other = registry.acquire(0, "second", cache);
+  ASSERT_TRUE(other.is_ok());
+  EXPECT_NE(other.value().state.get(), a.value().state.get());
+  EXPECT_NE(registry.acquire(1, "", cache).value().state.get(), a.value().state.get());
+  // The same key at another size is refused, naming it.
+  auto bad = registry.acquire(0, "", engine::StateDesc{"kiln/m/state/k", 128, {}});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("kiln/m/state/k"), std::string::npos) << bad.status().message();
+  // A recorded initial value is what a fresh buffer holds.
+  std::vector<uint8_t> init(32);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<uint8_t>(i + 1);
+  auto v = registry.acquire(0, "", engine::StateDesc{"kiln/m/state/v", 32, init});
+  ASSERT_TRUE(v.is_ok());
+  EXPECT_EQ(std::memcmp(v.value().state->data(), init.data(), 32), 0);
+  // Freed with the last holder: a later acquire starts fresh (zeros).
+  a = Result<StateRegistry::Acquired>(StateRegistry::Acquired{});
+  b = Result<StateRegistry::Acquired>(StateRegistry::Acquired{});
+  auto again = registry.acquire(0, "", cache);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_FALSE(again.value().reused);
+  EXPECT_EQ(static_cast<const uint8_t*>(again.value().state->data())[5], 0);
+}
+
 }  // namespace kiln::runtime
