@@ -113,9 +113,22 @@ class Rows(torch.nn.Module):
         return torch.where(flag, torch.full_like(s, 0.5), s)
 
 
+class CacheUpdate(torch.nn.Module):
+    """index_put as the in-place update of a mutable buffer (engine state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, 8, 4))
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(2, pos, x * 2)
+        return self.cache.sum(2)
+
+
 def _examples():
     torch.manual_seed(0)
     return {
+        "state": (CacheUpdate(), (torch.randn(1, 2, 1, 4), torch.tensor([5]))),
         "elementwise": (Elementwise(), (torch.randn(4, 8), torch.randn(4, 8))),
         "matmuls": (Matmuls(), (torch.randn(4, 8), torch.randn(4, 5))),
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
