@@ -98,6 +98,15 @@ const void* Engine::weight_address(const TensorDesc& t) const {
   return nullptr;
 }
 
+Status require_named_data(const std::vector<engine::NamedWeight>& wanted, const WeightSource* source) {
+  if (wanted.empty() || source != nullptr) return Status::ok();
+    return make_status(StatusCode::kInvalidArgument,
+                       "the engine keeps %zu weights in the program's named data (first key "
+                       "'%s'), but no named data was given to the load (a .pte saved with "
+                       "external weights needs its .ptd file: data_path)",
+                       wanted.size(), wanted[0].key.c_str());
+}
+
 Status Engine::acquire_named_weights(const WeightSource* source, bool share,
                                      NamedWeightLoadStats* stats) {
   NamedWeightLoadStats local;
@@ -105,12 +114,7 @@ Status Engine::acquire_named_weights(const WeightSource* source, bool share,
   s = NamedWeightLoadStats{};
   const auto& wanted = desc_.named_weights;
   if (wanted.empty()) return Status::ok();
-  if (source == nullptr)
-    return make_status(StatusCode::kInvalidArgument,
-                       "the engine keeps %zu weights in the program's named data (first key "
-                       "'%s'), but no named data was given to the load (a .pte saved with "
-                       "external weights needs its .ptd file: data_path)",
-                       wanted.size(), wanted[0].key.c_str());
+  KILN_RETURN_IF_ERROR(require_named_data(wanted, source));
   NamedWeightCache& cache = process_named_weight_cache();
   named_.reserve(wanted.size());
   for (const engine::NamedWeight& want : wanted) {

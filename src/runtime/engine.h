@@ -134,6 +134,10 @@ class Engine {
   size_t workspace_bytes_ = 0;
 };
 
+// kInvalidArgument naming the first key when an engine keeps weights in the
+// program's named data (`wanted` not empty) and the load was given none.
+Status require_named_data(const std::vector<engine::NamedWeight>& wanted, const WeightSource* source);
+
 // Byte alignment (<= 256) of a tensor's device address: engine inputs and
 // outputs have buffers of their own, arena and weight tensors (inline or
 // named) sit at `offset` from a 256-byte aligned base.

@@ -35,13 +35,7 @@ Result<std::shared_ptr<const Engine>> load_private(const void* bytes, size_t siz
 // The resident device copies are used; the load's bytes are only checked.
 Status check_named_data(const Engine& engine, const WeightSource* weights, NamedWeightLoadStats* s) {
   const auto& wanted = engine.desc().named_weights;
-  if (wanted.empty()) return Status::ok();
-  if (weights == nullptr)
-    return make_status(StatusCode::kInvalidArgument,
-                       "the engine keeps %zu weights in the program's named data (first key "
-                       "'%s'), but no named data was given to the load (a .pte saved with "
-                       "external weights needs its .ptd file: data_path)",
-                       wanted.size(), wanted[0].key.c_str());
+  KILN_RETURN_IF_ERROR(require_named_data(wanted, weights));
   for (const engine::NamedWeight& want : wanted) {
     KILN_RETURN_IF_ERROR(weights->read(want.key, [&](const void* data, size_t size) {
       return check_named_weight_bytes(want, data, size);
