@@ -29,6 +29,11 @@ int64_t vector_bytes(int64_t bytes, int64_t elem) {
 
 }  // namespace
 
+std::string wrap_clamp_index(const std::string& var, int64_t size, const std::string& indent) {
+  return indent + "if (" + var + " < 0) " + var + " += " + ll(size) + ";\n" + indent + var + " = " + var + " < 0 ? 0 : (" +
+         var + " >= " + ll(size) + " ? " + ll(size - 1) + " : " + var + ");\n";
+}
+
 std::string generate_gather_kernel(const ir::Graph& graph, const GatherPlan& plan, const std::string& name,
                                    GatherLaunch* launch) {
   const ir::Value& data = graph.value(plan.data);
@@ -106,9 +111,7 @@ std::string generate_gather_kernel(const ir::Graph& graph, const GatherPlan& pla
     if (offset.empty()) offset = "0";
     const int64_t size = data.shape[d];
     s << "    {\n      long long v = (long long)idx" << k << "[" << offset << "];\n"
-      << "      if (v < 0) v += " << ll(size) << ";\n"
-      << "      v = v < 0 ? 0 : (v >= " << ll(size) << " ? " << ll(size - 1) << " : v);\n"
-      << "      src += v * " << ll(dstride[d]) << ";\n    }\n";
+      << wrap_clamp_index("v", size, "      ") << "      src += v * " << ll(dstride[d]) << ";\n    }\n";
   }
   const std::string vt = unit_type(vec), et = unit_type(elem);
   if (convert) {

@@ -21,6 +21,11 @@ struct GatherLaunch {
   uint32_t grid = 1;
 };
 
+// Statements bringing index `var` (a long long) into [0, size): a negative
+// index wraps once, anything still outside is clamped (gather_ops.h). Shared
+// by every kernel that indexes with a tensor's values (gathers, state scatter).
+std::string wrap_clamp_index(const std::string& var, int64_t size, const std::string& indent);
+
 // Kernel `name` with parameters (out, data, indices..., long long n_out).
 std::string generate_gather_kernel(const ir::Graph& graph, const GatherPlan& plan, const std::string& name,
                                    GatherLaunch* launch);

@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "codegen/cuda_dtype.h"
+#include "ops/gather_kernel.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -93,8 +94,7 @@ void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
     << "    const long long r = e % " << ll(inner) << ", i = (e / " << ll(inner) << ") % " << ll(n)
     << ", o = e / " << ll(inner * n) << ";\n"
     << "    long long p = (long long)index[i];\n"
-    << "    if (p < 0) p += " << ll(size) << ";\n"
-    << "    p = p < 0 ? 0 : (p >= " << ll(size) << " ? " << ll(size - 1) << " : p);\n"
+    << wrap_clamp_index("p", size, "    ")
     << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + r] = values[e];\n"
     << "  }\n}\n";
   ctx.add_source(s.str());
