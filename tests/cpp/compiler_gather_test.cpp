@@ -6,7 +6,6 @@
 // PyTorch's indexing names (indices wrapped once, then clamped: the
 // documented behaviour for indices PyTorch would refuse), byte for byte;
 // integer chains compute exactly (values past 2^24, where float would round).
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -39,17 +38,7 @@ std::vector<int64_t> strides_of(const Shape& s) {
 // Runs kernel `fn` (its source `src`) with `args` on the CPU.
 void run_host(const std::string& src, const std::string& fn, const std::string& tag, void** args, unsigned grid,
               unsigned block) {
-  const std::string full = testing::host_prelude() + src + "\nextern \"C\" void kiln_test_launch(void** a, unsigned g, "
-                           "unsigned b) {\n  kiln_shim_launch(&" + fn + ", a, g, b);\n}\n";
-  // A fresh name per module: a library holding the shim's thread_locals is
-  // never unloaded, so reusing a path would dlopen the previous kernel.
-  static int count = 0;
-  void* lib = testing::build_host_module(full, tag + std::to_string(count++), KILN_SHIM_HEADER);
-  ASSERT_NE(lib, nullptr);
-  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
-  ASSERT_NE(launch, nullptr);
-  launch(args, grid, block);
-  dlclose(lib);
+  testing::run_host_kernel(src, fn, tag, args, grid, block, KILN_SHIM_HEADER);
 }
 
 struct GatherCase {

@@ -4,7 +4,6 @@
 // the scalar loop when one is not or when the sizes do not allow vectors.
 // Fresh random data; the reference is the same chain in double, rounded to
 // the output dtype.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,18 +27,6 @@ using Shape = std::vector<int64_t>;
 struct alignas(16) Chunk {
   unsigned char bytes[16];
 };
-
-void run_host(const std::string& src, const std::string& fn, void** args, unsigned grid) {
-  const std::string full = testing::host_prelude() + src + "\nextern \"C\" void kiln_test_launch(void** a, unsigned g, "
-                           "unsigned b) {\n  kiln_shim_launch(&" + fn + ", a, g, b);\n}\n";
-  static int count = 0;
-  void* lib = testing::build_host_module(full, "pointwise" + std::to_string(count++), KILN_SHIM_HEADER);
-  ASSERT_NE(lib, nullptr);
-  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
-  ASSERT_NE(launch, nullptr);
-  launch(args, grid, ops::kPointwiseBlock);
-  dlclose(lib);
-}
 
 struct Case {
   DType dtype;
@@ -93,7 +80,7 @@ void check(const Case& c, size_t out_shift) {
   std::vector<void*> args;
   for (void*& q : ptrs) args.push_back(&q);
   args.push_back(&count);
-  run_host(src, "kiln_pw_test", args.data(), 2);
+  testing::run_host_kernel(src, "kiln_pw_test", "pointwise", args.data(), 2, ops::kPointwiseBlock, KILN_SHIM_HEADER);
 
   std::vector<uint8_t> result(n * es);
   std::memcpy(result.data(), optr, result.size());

@@ -19,6 +19,22 @@
 
 namespace kiln::testing {
 
+void run_host_kernel(const std::string& src, const std::string& fn, const std::string& tag, void** args,
+                     unsigned grid, unsigned block, const std::string& shim_header) {
+  const std::string full = host_prelude() + src + "\nextern \"C\" void kiln_test_launch(void** a, unsigned g, "
+                           "unsigned b) {\n  kiln_shim_launch(&" + fn + ", a, g, b);\n}\n";
+  static int count = 0;
+  void* lib = build_host_module(full, tag + std::to_string(count++), shim_header);
+  if (lib == nullptr) return;  // build_host_module reported the failure
+  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+  if (launch == nullptr) {
+    ADD_FAILURE() << "kiln_test_launch missing from the host module of " << fn;
+  } else {
+    launch(args, grid, block);
+  }
+  dlclose(lib);
+}
+
 void* build_host_module(const std::string& source, const std::string& tag, const std::string& shim_header) {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("kiln_host_" + std::to_string(::getpid()) + "_" + tag);

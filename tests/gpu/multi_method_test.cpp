@@ -30,6 +30,7 @@
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "gpu_test_util.h"
 #include "tensor_file.h"
 #include "tensor_math.h"
 
@@ -39,13 +40,7 @@ namespace et = executorch::runtime;
 using executorch::extension::Module;
 using kiln::tools::HostTensor;
 
-int g_failures = 0;
-
-void report(bool ok, const std::string& what) {
-  std::printf("%s  %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  g_failures += ok ? 0 : 1;
-}
+using kiln::gpu_test::report;
 
 struct Counters {
   int uploads = -1, reuses = -1;
@@ -124,11 +119,7 @@ bool run_all(Module& module, const Data& d, double rtol, double* worst) {
         continue;
       }
       const auto& out = (*result)[0].toTensor();
-      HostTensor got;
-      got.dtype = d.expected[m][k].dtype;
-      got.shape.assign(out.sizes().begin(), out.sizes().end());
-      const auto* p = static_cast<const uint8_t*>(out.const_data_ptr());
-      got.data.assign(p, p + out.nbytes());
+      const HostTensor got = kiln::gpu_test::to_host(out, d.expected[m][k].dtype);
       if (got.shape != d.expected[m][k].shape) {
         ok = false;
         continue;
@@ -226,6 +217,6 @@ int main(int argc, char** argv) {
              c5.uploads - c4.uploads, c5.reuses - c4.reuses, keys_a, keys_a));
   report(run_all(*again, data_a, rtol, &worst) && run_all(*b, data_b, rtol, &worst),
          "A reloaded and B both still match PyTorch");
-  std::printf("%s: %d check(s) failed\n", g_failures ? "FAIL" : "PASS", g_failures);
-  return g_failures ? 1 : 0;
+  std::printf("%s: %d check(s) failed\n", kiln::gpu_test::failures() ? "FAIL" : "PASS", kiln::gpu_test::failures());
+  return kiln::gpu_test::failures() ? 1 : 0;
 }

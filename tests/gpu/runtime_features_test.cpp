@@ -29,6 +29,7 @@
 #include <kiln/caller_stream.h>
 
 #include "runtime/engine_cache.h"
+#include "gpu_test_util.h"
 #include "tensor_file.h"
 #include "tensor_math.h"
 
@@ -38,13 +39,7 @@ namespace et = executorch::runtime;
 using executorch::extension::Module;
 using kiln::tools::HostTensor;
 
-int g_failures = 0;
-
-void report(bool ok, const std::string& what) {
-  std::printf("%s  %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  g_failures += ok ? 0 : 1;
-}
+using kiln::gpu_test::report;
 
 struct Case {
   std::string pte;
@@ -52,15 +47,6 @@ struct Case {
   std::vector<HostTensor> expected;  // one output tensor per set
   double rtol = 1e-5;
 };
-
-executorch::aten::ScalarType scalar_type(kiln::engine::DType d) {
-  using kiln::engine::DType;
-  switch (d) {
-    case DType::kFloat16: return executorch::aten::ScalarType::Half;
-    case DType::kBFloat16: return executorch::aten::ScalarType::BFloat16;
-    default: return executorch::aten::ScalarType::Float;
-  }
-}
 
 size_t free_device_bytes() {
   cudaDeviceSynchronize();
@@ -112,15 +98,11 @@ std::unique_ptr<Module> load(const std::string& pte, int graphs /*-1: unset*/,
 bool run_and_check(Module& m, const Case& c, size_t k, double* rel_err) {
   HostTensor in = c.inputs[k];  // from_blob needs mutable data
   std::vector<executorch::aten::SizesType> sizes(in.shape.begin(), in.shape.end());
-  auto t = executorch::extension::from_blob(in.data.data(), sizes, scalar_type(in.dtype));
+  auto t = executorch::extension::from_blob(in.data.data(), sizes, kiln::gpu_test::scalar_type(in.dtype));
   auto result = m.execute("forward", std::vector<et::EValue>{et::EValue(*t)});
   if (!result.ok() || result->empty() || !(*result)[0].isTensor()) return false;
   const auto& out = (*result)[0].toTensor();
-  HostTensor got;
-  got.dtype = c.expected[k].dtype;
-  got.shape.assign(out.sizes().begin(), out.sizes().end());
-  const auto* p = static_cast<const uint8_t*>(out.const_data_ptr());
-  got.data.assign(p, p + out.nbytes());
+  const HostTensor got = kiln::gpu_test::to_host(out, c.expected[k].dtype);
   if (got.shape != c.expected[k].shape) return false;
   const kiln::tools::Comparison cmp = kiln::tools::compare_tensors(got, c.expected[k]);
   *rel_err = cmp.rel_err;
@@ -319,6 +301,6 @@ int main(int argc, char** argv) {
   check_shared_engine_memory(cases.front().first, cases.front().second);
   check_scratch_memory(cases.back().first, cases.back().second);
   for (const auto& [name, c] : cases) check_speed(name, c);
-  std::printf("%d failed\n", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  std::printf("%d failed\n", kiln::gpu_test::failures());
+  return kiln::gpu_test::failures() == 0 ? 0 : 1;
 }

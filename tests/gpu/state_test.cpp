@@ -19,6 +19,7 @@
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "gpu_test_util.h"
 #include "tensor_file.h"
 #include "tensor_math.h"
 
@@ -28,22 +29,7 @@ namespace et = executorch::runtime;
 using executorch::extension::Module;
 using kiln::tools::HostTensor;
 
-int g_failures = 0;
-
-void report(bool ok, const std::string& what) {
-  std::printf("%s  %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  g_failures += ok ? 0 : 1;
-}
-
-executorch::aten::ScalarType scalar_type(kiln::engine::DType d) {
-  switch (d) {
-    case kiln::engine::DType::kInt64: return executorch::aten::ScalarType::Long;
-    case kiln::engine::DType::kInt32: return executorch::aten::ScalarType::Int;
-    case kiln::engine::DType::kFloat16: return executorch::aten::ScalarType::Half;
-    default: return executorch::aten::ScalarType::Float;
-  }
-}
+using kiln::gpu_test::report;
 
 // Runs step `t` of `dir` through `module`; its rel_err against PyTorch, or -1.
 double run_step(Module& module, const std::string& dir, int t) {
@@ -55,17 +41,13 @@ double run_step(Module& module, const std::string& dir, int t) {
   std::vector<et::EValue> args;
   for (HostTensor& h : inputs) {
     std::vector<executorch::aten::SizesType> sizes(h.shape.begin(), h.shape.end());
-    keep.push_back(executorch::extension::from_blob(h.data.data(), sizes, scalar_type(h.dtype)));
+    keep.push_back(executorch::extension::from_blob(h.data.data(), sizes, kiln::gpu_test::scalar_type(h.dtype)));
     args.emplace_back(*keep.back());
   }
   auto result = module.execute("forward", args);
   if (!result.ok() || result->empty() || !(*result)[0].isTensor()) return -1;
   const auto& out = (*result)[0].toTensor();
-  HostTensor got;
-  got.dtype = ex.value()[0].dtype;
-  got.shape.assign(out.sizes().begin(), out.sizes().end());
-  const auto* p = static_cast<const uint8_t*>(out.const_data_ptr());
-  got.data.assign(p, p + out.nbytes());
+  const HostTensor got = kiln::gpu_test::to_host(out, ex.value()[0].dtype);
   if (got.shape != ex.value()[0].shape) return -1;
   const kiln::tools::Comparison cmp = kiln::tools::compare_tensors(got, ex.value()[0]);
   return cmp.non_finite == 0 ? cmp.rel_err : -1;
@@ -109,5 +91,5 @@ int main(int argc, char** argv) {
   const double again = second.load_method("forward") == et::Error::Ok ? run_step(second, dir, steps - 1) : -1;
   std::snprintf(line, sizeof(line), "a second module of the file sees the same cache (rel_err %.2e)", again);
   report(again >= 0 && again <= rtol, line);
-  return g_failures == 0 ? 0 : 1;
+  return kiln::gpu_test::failures() == 0 ? 0 : 1;
 }
