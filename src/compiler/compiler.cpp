@@ -266,6 +266,7 @@ const std::vector<Pass>& passes() {
       {"precision",
        [](PassState& s, const CompileOptions&, engine::DType c) { s.graph = passes::apply_precision(s.graph, c); }},
       {"fuse_attention", [](PassState& s, const CompileOptions&, engine::DType) { passes::fuse_attention(s.graph); }},
+      {"fuse_rotary", [](PassState& s, const CompileOptions&, engine::DType) { passes::fuse_rotary(s.graph); }},
       {"merge_linears",
        [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::merge_sibling_linears(s.graph); }},
       {"linear_permutes",

@@ -44,6 +44,11 @@ std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int
                                    std::map<int, std::string>& name_of, const std::string& suffix,
                                    const std::string& indent, const std::string& where, std::ostream& out);
 
+// Offset into an input of shape `in` broadcast to `out` (right-aligned), for
+// flat output index `i` (a CUDA expression); throws CompileError when `in`
+// does not broadcast to `out`.
+std::string broadcast_offset(const std::vector<int64_t>& in, const std::vector<int64_t>& out);
+
 // Kernel `name` with parameters (out, inputs..., long long n), in that order.
 std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePlan& plan,
                                       const std::string& name);

@@ -74,6 +74,10 @@ ir::Graph commute_linear_permutes(const ir::Graph& graph);
 // (fuse_attention.cpp). Returns how many it fused.
 int fuse_attention(ir::Graph& graph);
 
+// Rotary position embedding in rotate_half form (x * cos + cat(-x2, x1) *
+// sin) becomes one kiln.rotary node (fuse_rotary.cpp). Returns how many.
+int fuse_rotary(ir::Graph& graph);
+
 // Groups the nodes into launches: matrix products (with bias/relu epilogues
 // folded in) and fused elementwise kernels. Adds transposed weight constants
 // to `graph` where that avoids a transpose at run time.

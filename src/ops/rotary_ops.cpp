@@ -1,0 +1,79 @@
+#include "ops/rotary_ops.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "codegen/cuda_dtype.h"
+#include "ops/elementwise_kernel.h"
+#include "ops/op_registry.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr unsigned kRotaryBlock = 256;
+
+std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+
+std::string check_rotary(const OpQuery& q) {
+  if (q.inputs.size() != 3 || q.outputs.size() != 1) return "kiln.rotary needs x, cos, sin and one output";
+  const TensorInfo& x = q.inputs[0];
+  if (x.shape.empty() || x.shape.back() % 2 != 0) return "kiln.rotary needs an even last dim";
+  if (q.outputs[0].shape != x.shape || q.outputs[0].dtype != x.dtype) return "kiln.rotary output must match x";
+  return "";
+}
+
+}  // namespace
+
+void RotaryPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  const ir::Graph& g = ctx.graph();
+  const ir::Value& xv = g.value(x);
+  const ir::Value& cv = g.value(cos);
+  const ir::Value& sv = g.value(sin);
+  const ir::Value& ov = g.value(out);
+  const int64_t n = ov.numel(), d = xv.shape.back(), h = d / 2;
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_rotary");
+  using codegen::load_expr;
+  using codegen::storage_type;
+  std::ostringstream s;
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kRotaryBlock << ") " << k.function << "(\n"
+    << "    " << storage_type(ov.dtype) << "* __restrict__ out, const " << storage_type(xv.dtype)
+    << "* __restrict__ x,\n    const " << storage_type(cv.dtype) << "* __restrict__ cs, const "
+    << storage_type(sv.dtype) << "* __restrict__ sn) {\n"
+    << "  const long long stride = (long long)gridDim.x * " << kRotaryBlock << ";\n"
+    << "  for (long long i = (long long)blockIdx.x * " << kRotaryBlock << " + threadIdx.x; i < " << ll(n)
+    << "; i += stride) {\n"
+    << "    const long long j = i % " << ll(d) << ";\n"
+    // rotate_half: the first half takes minus the second, the second the first.
+    << "    const float r = j < " << ll(h) << " ? -" << load_expr(xv.dtype, "x[i + " + ll(h) + "]") << " : "
+    << load_expr(xv.dtype, "x[i - " + ll(h) + "]") << ";\n"
+    << "    const float v = " << load_expr(xv.dtype, "x[i]") << " * "
+    << load_expr(cv.dtype, "cs[" + broadcast_offset(cv.shape, ov.shape) + "]") << " + r * "
+    << load_expr(sv.dtype, "sn[" + broadcast_offset(sv.shape, ov.shape) + "]") << ";\n"
+    << "    out[i] = " << codegen::store_expr(ov.dtype, "v") << ";\n"
+    << "  }\n}\n";
+  ctx.add_source(s.str());
+  k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + kRotaryBlock - 1) / kRotaryBlock), 65536));
+  k.block[0] = kRotaryBlock;
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(x), ctx.tensor_arg(cos), ctx.tensor_arg(sin)};
+}
+
+KILN_REGISTER_OPS(rotary) {
+  OpDef def;
+  def.name = kKilnRotaryOp;
+  def.role = OpRole::kStep;
+  def.check = check_rotary;
+  def.plan = [](PlanContext& ctx, int node) {
+    const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+    RotaryPlan p;
+    p.x = n.inputs.at(0);
+    p.cos = n.inputs.at(1);
+    p.sin = n.inputs.at(2);
+    p.out = n.outputs.at(0);
+    ctx.emit(PlannedOp("rotary", std::move(p)));
+  };
+  register_op(std::move(def));
+}
+
+}  // namespace kiln::ops

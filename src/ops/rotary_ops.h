@@ -1,0 +1,25 @@
+// kiln.rotary: rotary position embedding in Hugging Face's rotate_half form,
+//   out = x * cos + cat(-x[..., h:], x[..., :h], -1) * sin,   h = x.shape[-1] / 2
+// as one generated kernel (passes/fuse_rotary.cpp makes the node from those
+// five ops: slice, slice, neg, cat and the multiply-add, each a launch).
+// cos and sin broadcast to x's shape; math in float, one rounding at the end.
+#pragma once
+
+#include <vector>
+
+#include "ir/graph.h"
+#include "ops/step_plan.h"
+
+namespace kiln::ops {
+
+constexpr const char* kKilnRotaryOp = "kiln.rotary";
+
+struct RotaryPlan : StepPlanBase<RotaryPlan> {
+  int x = -1, cos = -1, sin = -1, out = -1;
+
+  std::vector<int> reads() const override { return {x, cos, sin}; }
+  int writes() const override { return out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+}  // namespace kiln::ops
