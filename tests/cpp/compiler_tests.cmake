@@ -51,3 +51,10 @@ target_compile_definitions(kiln_compiler_rows_tests PRIVATE
   KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
 target_link_libraries(kiln_compiler_rows_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
 gtest_discover_tests(kiln_compiler_rows_tests)
+# Decode-step ops (argmax, the fused rotary embedding), the same way.
+add_executable(kiln_compiler_decode_tests compiler_decode_test.cpp compiler_test_util.cpp)
+target_compile_definitions(kiln_compiler_decode_tests PRIVATE
+  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
+  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
+target_link_libraries(kiln_compiler_decode_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
+gtest_discover_tests(kiln_compiler_decode_tests)

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cuda_host_shim.h"
@@ -44,7 +45,7 @@ struct Block {
   std::vector<Fiber> fibers;
   ucontext_t scheduler;
   unsigned current = 0;
-  std::vector<float> exchange;  // one slot per thread, for shuffles
+  std::vector<unsigned long long> exchange;  // one slot per thread, for shuffles (any 8-byte-or-less type)
   void (*body)() = nullptr;     // runs the kernel for threadIdx
 };
 
@@ -146,13 +147,19 @@ inline void run_block(unsigned threads, Order order) {
 
 inline void __syncthreads() { kiln_shim::wait(kiln_shim::State::kBlockBarrier); }
 
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffles move at most 8 bytes");
   kiln_shim::Block& b = kiln_shim::block();
   const unsigned me = b.current;
-  b.exchange[me] = v;
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  b.exchange[me] = bits;
   kiln_shim::wait(kiln_shim::State::kWarpBarrier);  // every lane has written
-  const float other = b.exchange[me ^ static_cast<unsigned>(lane_mask)];
+  bits = b.exchange[me ^ static_cast<unsigned>(lane_mask)];
   kiln_shim::wait(kiln_shim::State::kWarpBarrier);  // every lane has read
+  T other;
+  std::memcpy(&other, &bits, sizeof(T));
   return other;
 }
 
@@ -168,7 +175,7 @@ void kiln_shim_launch_blocks(void (*f)(A...), void** args, unsigned grid, unsign
   if (b.fibers.size() < block_threads) b.fibers.resize(block_threads);
   for (auto& fiber : b.fibers)
     if (fiber.stack.empty()) fiber.stack.resize(64 * 1024);
-  b.exchange.assign(block_threads, 0.0f);
+  b.exchange.assign(block_threads, 0ull);
   b.body = [] { kiln_shim_call(kernel, kernel_args, std::index_sequence_for<A...>{}); };
   gridDim = {grid, 1, 1};
   blockDim = {block_threads, 1, 1};

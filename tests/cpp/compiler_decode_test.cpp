@@ -1,0 +1,237 @@
+// Ops a language model's decode step needs, no GPU needed: argmax (greedy
+// token choice on the device) and the fused rotary embedding (kiln.rotary,
+// made by passes/fuse_rotary.cpp from HF's rotate_half form). Graphs go
+// through the passes and fusion; each generated kernel is compiled as host
+// C++ (argmax through cuda_block_shim.h: its threads cooperate) and compared
+// with a reference computed here on fresh random inputs.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "compiler_test_util.h"
+#include "host_kernel.h"
+#include "ops/argmax_ops.h"
+#include "ops/rotary_ops.h"
+#include "passes/passes.h"
+
+#ifndef KILN_BLOCK_SHIM_HEADER
+#error "KILN_BLOCK_SHIM_HEADER must be defined by the build"
+#endif
+
+namespace kiln {
+namespace {
+
+using engine::DType;
+using testing::read_elem;
+using testing::round_to;
+using testing::write_elem;
+using Shape = std::vector<int64_t>;
+using Attrs = std::map<std::string, ir::Attr>;
+
+// Lowering outside the compiler: tensors are the graph's value ids, the
+// source is collected.
+class TestLowerContext : public ops::LowerContext {
+ public:
+  explicit TestLowerContext(const ir::Graph& g) : g_(g) {}
+  const ir::Graph& graph() const override { return g_; }
+  uint32_t tensor(int value) const override { return static_cast<uint32_t>(value); }
+  std::string kernel_name(const std::string& prefix) override { return prefix + "_test"; }
+  void add_source(const std::string& source) override { source_ += source; }
+  const std::string& source() const { return source_; }
+
+ private:
+  const ir::Graph& g_;
+  std::string source_;
+};
+
+int out0(const ir::Graph& g, int node) { return g.nodes()[static_cast<size_t>(node)].outputs[0]; }
+
+std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
+  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
+  return b;
+}
+
+// ---- argmax ----------------------------------------------------------------
+
+struct ArgmaxCase {
+  std::string name;
+  Shape shape;
+  int64_t dim;  // -100: dim=None
+  DType dtype;
+  enum Fill { kRandom, kTies, kNaN, kAllNegInf } fill = kRandom;
+};
+
+void check_argmax(const ArgmaxCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(c.name);
+  ir::Graph g;
+  const int x = g.add_input("x", c.dtype, c.shape);
+  Attrs attrs;
+  Shape out_shape;
+  int64_t dim = -1;
+  if (c.dim != -100) {
+    attrs["dim"] = c.dim;
+    dim = c.dim < 0 ? c.dim + static_cast<int64_t>(c.shape.size()) : c.dim;
+    for (size_t d = 0; d < c.shape.size(); ++d)
+      if (static_cast<int64_t>(d) != dim) out_shape.push_back(c.shape[d]);
+  }
+  const int node = g.add_node("aten.argmax.default", "argmax", {x}, attrs, {{DType::kInt64, out_shape}});
+  g.set_outputs({out0(g, node)});
+  passes::ExecPlan plan = passes::fuse(g);
+  ASSERT_EQ(plan.ops.size(), 1u);
+  ASSERT_TRUE(plan.ops[0].is<ops::ArgmaxPlan>());
+  TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[0].plan->lower(ctx, step);
+  const std::string src = testing::host_prelude() + ctx.source() +
+                          "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                          "  kiln_shim_launch_blocks(&" + step.kernel.function + ", args, grid, block,\n"
+                          "      kiln_shim::Order::kLowWarpFirst);\n}\n";
+  void* lib = testing::build_host_module(src, "argmax_" + c.name, KILN_BLOCK_SHIM_HEADER);
+  ASSERT_NE(lib, nullptr);
+  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+  ASSERT_NE(launch, nullptr);
+
+  const int64_t n = ir::numel_of(c.shape);
+  std::vector<uint8_t> xb = random_bytes(c.dtype, n, rng);
+  std::uniform_int_distribution<int64_t> pick(0, n - 1);
+  if (c.fill == ArgmaxCase::kTies)  // the maximum several times: the first wins
+    for (int k = 0; k < 6; ++k) write_elem(c.dtype, xb, static_cast<size_t>(pick(rng)), 7.0f);
+  if (c.fill == ArgmaxCase::kNaN)  // NaN beats every number, the first NaN wins
+    for (int k = 0; k < 3; ++k) write_elem(c.dtype, xb, static_cast<size_t>(pick(rng)), NAN);
+  if (c.fill == ArgmaxCase::kAllNegInf)
+    for (int64_t i = 0; i < n; ++i) write_elem(c.dtype, xb, static_cast<size_t>(i), -INFINITY);
+  // Reference: PyTorch's rule, in the input's own precision.
+  int64_t outer = 1, red = n, inner = 1;
+  if (dim >= 0) {
+    red = c.shape[static_cast<size_t>(dim)];
+    for (int64_t d = 0; d < static_cast<int64_t>(c.shape.size()); ++d) {
+      if (d < dim) outer *= c.shape[static_cast<size_t>(d)];
+      if (d > dim) inner *= c.shape[static_cast<size_t>(d)];
+    }
+  }
+  std::vector<int64_t> ref(static_cast<size_t>(outer * inner));
+  for (int64_t o = 0; o < outer * inner; ++o) {
+    int64_t best = 0;
+    double bv = 0;
+    for (int64_t r = 0; r < red; ++r) {
+      const double v = read_elem(c.dtype, xb, static_cast<size_t>((o / inner) * red * inner + r * inner + o % inner));
+      const bool better = r == 0 || (std::isnan(v) && !std::isnan(bv)) || (!std::isnan(bv) && v > bv);
+      if (better) {
+        best = r;
+        bv = v;
+      }
+    }
+    ref[static_cast<size_t>(o)] = best;
+  }
+  std::vector<int64_t> got(ref.size() + 2, -7);
+  void* out_ptr = got.data() + 1;
+  void* in_ptr = xb.data();
+  void* args[] = {&out_ptr, &in_ptr};
+  launch(args, step.kernel.grid[0], step.kernel.block[0]);
+  EXPECT_EQ(got.front(), -7) << "wrote before the output";
+  EXPECT_EQ(got.back(), -7) << "wrote past the output";
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(got[i + 1], ref[i]) << "output " << i;
+}
+
+TEST(DecodeOps, ArgmaxMatchesPyTorchRules) {
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<ArgmaxCase> cases = {
+      {"vocab_row_f32", {1, 5003}, -1, DType::kFloat32},
+      {"vocab_row_f16", {1, 4099}, 1, DType::kFloat16},
+      {"vocab_row_bf16", {2, 3001}, -1, DType::kBFloat16},
+      {"middle_dim", {3, 37, 5}, 1, DType::kFloat32},
+      {"first_dim", {70, 4}, 0, DType::kFloat16},
+      {"everything", {6, 9, 11}, -100, DType::kFloat32},
+      {"ties_first_wins", {2, 700}, 1, DType::kFloat16, ArgmaxCase::kTies},
+      {"nan_wins", {3, 900}, -1, DType::kFloat32, ArgmaxCase::kNaN},
+      {"all_neg_inf", {2, 300}, -1, DType::kFloat32, ArgmaxCase::kAllNegInf},
+  };
+  for (const ArgmaxCase& c : cases) check_argmax(c, rng);
+}
+
+// ---- rotary ----------------------------------------------------------------
+
+int slice_last(ir::Graph& g, int x, int64_t start, int64_t end) {
+  Shape s = g.value(x).shape;
+  s.back() = end - start;
+  return out0(g, g.add_node("aten.slice_copy.Tensor", "slice", {x},
+                            {{"dim", static_cast<int64_t>(s.size() - 1)}, {"start", start}, {"end", end}},
+                            {{g.value(x).dtype, s}}));
+}
+
+// x * cos + cat(-x[..., h + shift:], x[..., :h + shift]) * sin, as torch.export
+// writes HF's apply_rotary_pos_emb (shift 0); `extra_reader` gives the cat
+// a second reader.
+ir::Graph rope_graph(DType dt, const Shape& xs, const Shape& cs, int64_t shift = 0, bool extra_reader = false) {
+  ir::Graph g;
+  const int x = g.add_input("x", dt, xs), cos = g.add_input("cos", dt, cs), sin = g.add_input("sin", dt, cs);
+  const int64_t d = xs.back(), h = d / 2 + shift;
+  const int x2 = slice_last(g, x, h, d), x1 = slice_last(g, x, 0, h);
+  const int neg = out0(g, g.add_node("aten.neg.default", "neg", {x2}, {}, {{dt, g.value(x2).shape}}));
+  const int cat = out0(g, g.add_node("aten.cat.default", "cat", {neg, x1}, {{"dim", int64_t{-1}}}, {{dt, xs}}));
+  const int m1 = out0(g, g.add_node("aten.mul.Tensor", "mul_cos", {x, cos}, {}, {{dt, xs}}));
+  const int m2 = out0(g, g.add_node("aten.mul.Tensor", "mul_sin", {sin, cat}, {}, {{dt, xs}}));
+  const int y = out0(g, g.add_node("aten.add.Tensor", "add", {m2, m1}, {}, {{dt, xs}}));
+  std::vector<int> outs{y};
+  if (extra_reader) outs.push_back(out0(g, g.add_node("aten.relu.default", "relu", {cat}, {}, {{dt, xs}})));
+  g.set_outputs(outs);
+  return g;
+}
+
+TEST(DecodeOps, RotaryPatternFusesOnlyWhenExact) {
+  ir::Graph g = rope_graph(DType::kFloat32, {1, 4, 3, 16}, {1, 1, 3, 16});
+  EXPECT_EQ(passes::fuse_rotary(g), 1);
+  passes::ExecPlan plan = passes::fuse(g);
+  ASSERT_EQ(plan.ops.size(), 1u);
+  EXPECT_EQ(plan.ops[0].label, "rotary");
+  ir::Graph shifted = rope_graph(DType::kFloat32, {1, 4, 3, 16}, {1, 1, 3, 16}, 2);
+  EXPECT_EQ(passes::fuse_rotary(shifted), 0) << "halves split off-centre are not rotate_half";
+  ir::Graph shared = rope_graph(DType::kFloat32, {1, 4, 3, 16}, {1, 1, 3, 16}, 0, true);
+  EXPECT_EQ(passes::fuse_rotary(shared), 0) << "the cat has another reader";
+}
+
+TEST(DecodeOps, RotaryKernelMatchesReference) {
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    DType dt;
+    Shape xs, cs;
+  };
+  for (const Case& c : {Case{DType::kFloat32, {1, 4, 5, 16}, {1, 1, 5, 16}}, Case{DType::kFloat16, {1, 2, 7, 64}, {7, 64}},
+                        Case{DType::kBFloat16, {1, 8, 1, 128}, {1, 1, 1, 128}}}) {
+    SCOPED_TRACE(engine::dtype_name(c.dt) + std::string(" ") + ir::shape_to_string(c.xs));
+    ir::Graph g = rope_graph(c.dt, c.xs, c.cs);
+    ASSERT_EQ(passes::fuse_rotary(g), 1);
+    passes::ExecPlan plan = passes::fuse(g);
+    ASSERT_EQ(plan.ops.size(), 1u);
+    TestLowerContext ctx(g);
+    engine::Step step;
+    plan.ops[0].plan->lower(ctx, step);
+    const int64_t n = ir::numel_of(c.xs), cn = ir::numel_of(c.cs), d = c.xs.back(), h = d / 2;
+    std::vector<uint8_t> xb = random_bytes(c.dt, n, rng), cb = random_bytes(c.dt, cn, rng),
+                         sb = random_bytes(c.dt, cn, rng);
+    std::vector<uint8_t> ob(static_cast<size_t>(n) * engine::dtype_size(c.dt));
+    void* p[] = {ob.data(), xb.data(), cb.data(), sb.data()};
+    void* args[] = {&p[0], &p[1], &p[2], &p[3]};
+    testing::run_host_kernel(ctx.source(), step.kernel.function, "rotary", args,
+                             step.kernel.grid[0], step.kernel.block[0], KILN_SHIM_HEADER);
+    const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = i % d, ci = i % cn;  // cos/sin broadcast over the leading dims
+      const double xv = read_elem(c.dt, xb, static_cast<size_t>(i));
+      const double r = j < h ? -read_elem(c.dt, xb, static_cast<size_t>(i + h)) : read_elem(c.dt, xb, static_cast<size_t>(i - h));
+      const double want = round_to(c.dt, xv * read_elem(c.dt, cb, static_cast<size_t>(ci)) +
+                                             r * read_elem(c.dt, sb, static_cast<size_t>(ci)));
+      const double got = read_elem(c.dt, ob, static_cast<size_t>(i));
+      ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want))) << "element " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
