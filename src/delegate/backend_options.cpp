@@ -16,6 +16,8 @@ enum class Key {
   kUseSharedEngines,
   kH2dCopies,
   kD2hCopies,
+  kH2dBytes,
+  kD2hBytes,
   kGraphLaunches,
   kGraphRecords,
   kRuns,
@@ -37,6 +39,8 @@ constexpr KeyInfo kKeys[] = {
     {"use_shared_engines", Key::kUseSharedEngines, true, true},
     {"h2d_copies", Key::kH2dCopies, false, false},
     {"d2h_copies", Key::kD2hCopies, false, false},
+    {"h2d_bytes", Key::kH2dBytes, false, false},
+    {"d2h_bytes", Key::kD2hBytes, false, false},
     {"graph_launches", Key::kGraphLaunches, false, false},
     {"graph_records", Key::kGraphRecords, false, false},
     {"runs", Key::kRuns, false, false},
@@ -175,6 +179,8 @@ Status fill_get_options(et::Span<et::BackendOption> options, const ProcessOption
       case Key::kUseSharedEngines: value = current.use_shared_engines; break;
       case Key::kH2dCopies: value = saturate(counters.h2d_copies); break;
       case Key::kD2hCopies: value = saturate(counters.d2h_copies); break;
+      case Key::kH2dBytes: value = saturate(counters.h2d_bytes); break;
+      case Key::kD2hBytes: value = saturate(counters.d2h_bytes); break;
       case Key::kGraphLaunches: value = saturate(counters.graph_launches); break;
       case Key::kGraphRecords: value = saturate(counters.graph_records); break;
       case Key::kRuns: value = saturate(counters.runs); break;

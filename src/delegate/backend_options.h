@@ -12,7 +12,9 @@
 //   use_cuda_graphs     bool
 //   use_shared_engines  bool
 // Read-only counters for get_option (int, totals over every handle in the
-// process, saturating at INT_MAX): h2d_copies, d2h_copies, graph_launches,
+// process, saturating at INT_MAX): h2d_copies, d2h_copies, h2d_bytes and
+// d2h_bytes (what those copies moved: a decode step moves its token and
+// position in and one token out, never the KV cache), graph_launches,
 // graph_records, runs, shared_engine_loads, named_weight_uploads (named
 // weights copied to a GPU), named_weight_reuses (named weights an engine
 // found already on its GPU: uploaded once, shared by methods and loads).
@@ -44,6 +46,8 @@ struct LoadOptions {
 struct CounterValues {
   uint64_t h2d_copies = 0;
   uint64_t d2h_copies = 0;
+  uint64_t h2d_bytes = 0;
+  uint64_t d2h_bytes = 0;
   uint64_t graph_launches = 0;
   uint64_t graph_records = 0;
   uint64_t runs = 0;

@@ -53,7 +53,7 @@ struct KilnHandle {
 struct ProcessState {
   std::mutex mutex;  // guards `options`
   ProcessOptions options;
-  std::atomic<uint64_t> h2d_copies{0}, d2h_copies{0}, graph_launches{0}, graph_records{0},
+  std::atomic<uint64_t> h2d_copies{0}, d2h_copies{0}, h2d_bytes{0}, d2h_bytes{0}, graph_launches{0}, graph_records{0},
       runs{0}, shared_engine_loads{0}, named_weight_uploads{0}, named_weight_reuses{0};
 };
 
@@ -76,6 +76,8 @@ void report_stats(KilnHandle& handle) {
   ProcessState& state = process_state();
   state.h2d_copies += now.h2d_copies - was.h2d_copies;
   state.d2h_copies += now.d2h_copies - was.d2h_copies;
+  state.h2d_bytes += now.h2d_bytes - was.h2d_bytes;
+  state.d2h_bytes += now.d2h_bytes - was.d2h_bytes;
   state.graph_launches += now.graph_launches - was.graph_launches;
   state.graph_records += now.graph_records - was.graph_records;
   state.runs += now.runs - was.runs;
@@ -446,6 +448,8 @@ Error KilnBackend::get_option(et::BackendOptionContext& context,
   CounterValues counters;
   counters.h2d_copies = state.h2d_copies;
   counters.d2h_copies = state.d2h_copies;
+  counters.h2d_bytes = state.h2d_bytes;
+  counters.d2h_bytes = state.d2h_bytes;
   counters.graph_launches = state.graph_launches;
   counters.graph_records = state.graph_records;
   counters.runs = state.runs;

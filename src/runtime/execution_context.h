@@ -51,6 +51,8 @@ struct ContextStats {
   uint64_t runs = 0;
   uint64_t h2d_copies = 0;      // host input staged to the GPU
   uint64_t d2h_copies = 0;      // GPU output copied back to host
+  uint64_t h2d_bytes = 0;       // bytes of those copies
+  uint64_t d2h_bytes = 0;
   uint64_t graph_launches = 0;  // runs done by one cudaGraphLaunch
   uint64_t graph_records = 0;   // captures (first run, or I/O addresses changed)
   uint64_t graph_updates = 0;   // re-captures applied with cudaGraphExecUpdate

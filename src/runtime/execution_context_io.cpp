@@ -120,6 +120,7 @@ Status ExecutionContext::execute_locked(const IoBuffer* inputs, const IoBuffer* 
     if (inputs[i].nbytes > 0) {
       std::memcpy(input_pinned_[i], inputs[i].data, inputs[i].nbytes);
       ++stats_.h2d_copies;
+      stats_.h2d_bytes += inputs[i].nbytes;
     }
   }
   for (size_t i = 0; i < num_outputs(); ++i) host_io |= !outputs[i].on_device;
@@ -185,6 +186,7 @@ Status ExecutionContext::execute_locked(const IoBuffer* inputs, const IoBuffer* 
     if (outputs[i].on_device || outputs[i].nbytes == 0) continue;
     std::memcpy(outputs[i].data, output_pinned_[i], outputs[i].nbytes);
     ++stats_.d2h_copies;
+    stats_.d2h_bytes += outputs[i].nbytes;
   }
   return Status::ok();
 }
