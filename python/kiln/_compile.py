@@ -77,6 +77,28 @@ def check_not_per_method(func: str, **options: Any) -> None:
                             f"supported (give one value, not a dict)")
 
 
+_CONSTANT_TYPES = (bool, int, float, str)
+
+
+def check_constant_methods(func: str, constant_methods: Any, programs: dict) -> dict[str, Any]:
+    """{} for None; else checks names (not a program's method) and values."""
+    if constant_methods is None:
+        return {}
+    if not isinstance(constant_methods, dict):
+        raise TypeError(f"{func}: constant_methods must be a dict method name -> value, got "
+                        f"{type(constant_methods).__name__}")
+    for name, value in constant_methods.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{func}: constant method name {name!r} must be an identifier")
+        if name in programs:
+            raise ValueError(f"{func}: constant method {name!r} has the name of a program's method")
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not items or any(not isinstance(v, _CONSTANT_TYPES) for v in items):
+            raise TypeError(f"{func}: constant method {name!r}: value {value!r} is not an int, float, bool or "
+                            "str, or a non-empty list of those")
+    return dict(constant_methods)
+
+
 def check_arg_inputs(program: ExportedProgram, arg_inputs: Any) -> None:
     """Checks `arg_inputs` against the program's user inputs (count, dtype,
     shape); raises naming the first one that differs."""
@@ -124,7 +146,8 @@ def edge_compile_config() -> EdgeCompileConfig:
 
 
 def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
-          options: KilnOptions) -> tuple[EdgeProgramManager, dict[str, PartitionSummary]]:
+          options: KilnOptions, constant_methods: dict[str, Any] | None = None,
+          ) -> tuple[EdgeProgramManager, dict[str, PartitionSummary]]:
     """Edge conversion + partitioning (with trial compiles) + preprocess.
 
     An ``aten.linear`` kept whole for Kiln that then fails to compile has no
@@ -151,6 +174,7 @@ def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
                     compile_config=edge_compile_config(),
                     # export-time constant folding of the edge program (_constant_fold.py)
                     transform_passes=_constant_fold.transform_passes(),
+                    constant_methods=constant_methods or None,
                 )
             except LinearLeftToCpu as e:
                 if attempt == 2:
@@ -206,6 +230,7 @@ class CompiledProgram:
     exported_program: ExportedProgram | dict[str, ExportedProgram]
     summaries: dict[str, PartitionSummary] = field(default_factory=dict)
     model_id: str = ""
+    constant_methods: dict[str, Any] = field(default_factory=dict)
 
     @property
     def methods(self) -> list[str]:
@@ -235,6 +260,7 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     depthwise_kernels: bool = True,
     debug_dir: str | os.PathLike | None = None,
     model_id: str | None = None,
+    constant_methods: dict[str, Any] | None = None,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
@@ -263,17 +289,22 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
       model_id: names this model in its weights' keys in the program's named
         data ("kiln/<model_id>/<content hash>-<size>"); 1-64 characters of
         A-Z a-z 0-9 . _ -. Default: a hash of the model's weights.
+      constant_methods: extra methods that take no input and return a
+        constant (ExecuTorch's constant methods), e.g. {"get_max_seq_len":
+        512} for a generation loop to read from the .pte; values are int,
+        float, bool or str, or a list of those.
     """
     return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
-                      debug_dir=debug_dir, model_id=model_id)
+                      debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
                use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
-               model_id=None) -> CompiledProgram:
+               model_id=None, constant_methods=None) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     programs, given_dict = check_programs(exported_program, caller)
+    constant_methods = check_constant_methods(caller, constant_methods, programs)
     check_not_per_method(caller, enabled_precisions=enabled_precisions, min_block_size=min_block_size,
                          target_sms=target_sms, use_cuda_graphs=use_cuda_graphs, conv_gemm=conv_gemm,
                          depthwise_kernels=depthwise_kernels, debug_dir=debug_dir, model_id=model_id)
@@ -304,9 +335,10 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
                     raise type(e)(f"method {name!r}: {e}") from None
         else:
             check_arg_inputs(programs["forward"], arg_inputs)
-    manager, summaries = lower(programs if given_dict else programs["forward"], options)
+    manager, summaries = lower(programs if given_dict else programs["forward"], options, constant_methods)
     return CompiledProgram(manager, options, merge_summaries(summaries),
-                           programs if given_dict else programs["forward"], summaries, model_id)
+                           programs if given_dict else programs["forward"], summaries, model_id,
+                           constant_methods)
 
 
 def _device_io_requested(backend_config: ExecutorchBackendConfig | None) -> bool:
@@ -446,7 +478,7 @@ def save(
             debug_dir=compiled.options.debug_dir,
             weights_prefix=compiled.options.weights_prefix,
         )
-        manager, _ = lower(compiled.exported_program, options)
+        manager, _ = lower(compiled.exported_program, options, compiled.constant_methods)
 
     if ptd_path is not None:
         _weights.move_to_external_file(manager, ptd_path.name)

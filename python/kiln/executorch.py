@@ -26,6 +26,7 @@ def export(
     depthwise_kernels: bool = True,
     debug_dir: str | os.PathLike | None = None,
     model_id: str | None = None,
+    constant_methods: dict[str, Any] | None = None,
 ) -> EdgeProgramManager:
     """Lowers `exported_program` (one ExportedProgram, or a dict method name
     -> ExportedProgram for a multi-method program) with KilnPartitioner; same
@@ -35,4 +36,4 @@ def export(
     return compile_as("kiln.executorch.export", exported_program, arg_inputs, enabled_precisions,
                       min_block_size, target_sms, use_cuda_graphs, conv_gemm=conv_gemm,
                       depthwise_kernels=depthwise_kernels, debug_dir=debug_dir,
-                      model_id=model_id).edge_program_manager
+                      model_id=model_id, constant_methods=constant_methods).edge_program_manager
