@@ -62,9 +62,18 @@ if [ -f "$bundle/state/manifest.json" ] && [ -x build-gpu/tests/cpp/kiln_state_t
 else
   echo "($bundle/state not carried: engine-state test skipped)"
 fi
+# The C++ generation example against HF greedy generation (issue 12; files
+# from examples/llm_generate/export_llama.py --reference, one folder per dtype).
+llm_failed=0
+if ls "$bundle"/llm/*/manifest.json >/dev/null 2>&1 && [ -x build-gpu/examples/llm_generate/llm_generate ]; then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/llm_generate_test.py --bundle "$bundle/llm" \
+    --binary build-gpu/examples/llm_generate/llm_generate 2>&1 | tee "$out/llm_generate.log" || llm_failed=1
+else
+  echo "($bundle/llm not carried: generation example test skipped)"
+fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
-  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ]
+  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$llm_failed" = 0 ]
   exit
 fi
 
@@ -88,4 +97,4 @@ if [ "$app_failed" = 0 ]; then
     { echo "FAIL  consumer app exit $?"; app_failed=1; }
 fi
 [ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
-  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ]
+  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$llm_failed" = 0 ]

@@ -1,0 +1,205 @@
+"""Language-model generation benchmark (issue 12, item 5), run on the GPU
+machine: a Llama-architecture model with random weights (examples/
+llm_generate/llama_kv.py, size "bench"), batch 1, prefill of the prompt and
+greedy decode of N new tokens, three ways in one run:
+
+  kiln        examples/llm_generate's C++ loop on the exported .pte + .ptd
+              (prefill and decode methods, KV cache in engine state, CUDA
+              graphs), timed host to host by the example itself.
+  hf_eager    Hugging Face `generate` (greedy, its default dynamic cache), eager.
+  compile_ro  the same static-cache forward Kiln exports (KVLlama: prefill
+              once, then one decode call per token, the token fed back on the
+              device without a host sync) under torch.compile
+              mode="reduce-overhead" (CUDA graphs).
+
+Figures: prefill (time to first token, ms), decode tokens/s over the new
+tokens, and decode as a fraction of the H200's memory-bandwidth roofline
+(weights + the KV cache read per token, over 4.8 TB/s). Medians over --runs
+whole generations after --warmup ones. A peer that fails is reported with its
+reason. The .ptd is rebuilt from its seed first (llm_weights.py unpack).
+
+    python3 benchmarks/llm_bench.py --bundle .gpu_carry/llm_bench \\
+        --binary build-gpu/examples/llm_generate/llm_generate --out $OUT --commit <sha>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "llm_generate"))
+from llama_kv import KVLlama, build_hf  # noqa: E402
+
+H200_BYTES_PER_S = 4.8e12
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def roofline_tokens_per_s(manifest: dict, itemsize: int) -> tuple[float, float]:
+    """(tokens/s, bytes per token): every weight read once (the tied
+    embedding as the LM head) plus the K and V cache up to the mean context
+    of the decode steps."""
+    c = manifest["config"]
+    hd = c["hidden"] // c["heads"]
+    weights = manifest["parameters"] * itemsize
+    mean_context = manifest["prompt_len"] + manifest["new_tokens"] / 2
+    cache = c["layers"] * 2 * c["kv_heads"] * hd * itemsize * mean_context
+    total = weights + cache
+    return H200_BYTES_PER_S / total, total
+
+
+def run_kiln(args, bundle: Path, manifest: dict) -> dict:
+    cmd = [args.binary, "--model", str(bundle / manifest["pte"]), "--data_path", str(bundle / manifest["ptd"]),
+           "--prompt_file", str(bundle / "prompt.txt"), "--new_tokens", str(manifest["new_tokens"]),
+           "--warmup", str(args.warmup), "--runs", str(args.runs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"llm_generate exit {proc.returncode}: {out.strip().splitlines()[-1:]}")
+    ttft = float(re.search(r"time to first token: ([\d.]+) ms", out).group(1))
+    tps = float(re.search(r"decode: \d+ tokens in [\d.]+ ms: ([\d.]+) tokens/s", out).group(1))
+    traffic = re.search(r"decode host<->GPU traffic: (.*)", out).group(1)
+    tokens = [int(t) for t in re.search(r"^tokens:(.*)$", out, re.M).group(1).split()]
+    return {"prefill_ms": ttft, "decode_tokens_per_s": tps, "traffic": traffic, "tokens": tokens}
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_hf_eager(args, lm, prompt, manifest) -> dict:
+    n = manifest["new_tokens"]
+
+    def gen(k):
+        with torch.no_grad():
+            return lm.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, num_beams=1,
+                               pad_token_id=0, eos_token_id=None)
+
+    for _ in range(args.warmup):
+        gen(n)
+    firsts, totals = [], []
+    for _ in range(args.runs):
+        firsts.append(timed(lambda: gen(1)))
+        totals.append(timed(lambda: gen(n)))
+    out = gen(n)
+    first, total = statistics.median(firsts), statistics.median(totals)
+    return {"prefill_ms": first * 1e3, "decode_tokens_per_s": (n - 1) / (total - first),
+            "tokens": out[0, prompt.shape[1]:].tolist()}
+
+
+def run_compile_ro(args, lm, prompt, manifest) -> dict:
+    n, p = manifest["new_tokens"], manifest["prompt_len"]
+    model = KVLlama(lm, manifest["max_len"]).cuda().eval()
+    step = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    positions = torch.arange(p, device="cuda")
+    decode_pos = [torch.tensor([p + i], device="cuda") for i in range(n)]
+
+    def prefill():
+        return step(prompt, positions)
+
+    def generate():
+        with torch.no_grad():
+            token = prefill()
+            tokens = [token]
+            for i in range(n - 1):
+                token = step(token.view(1, 1).clone(), decode_pos[i])
+                tokens.append(token)
+            return torch.cat(tokens)
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(max(args.warmup, 3)):  # compiles both shapes and records the graphs
+            generate()
+    compile_s = time.perf_counter() - t0
+    firsts, totals = [], []
+    with torch.no_grad():
+        for _ in range(args.runs):
+            firsts.append(timed(prefill))
+            totals.append(timed(generate))
+    first, total = statistics.median(firsts), statistics.median(totals)
+    return {"prefill_ms": first * 1e3, "decode_tokens_per_s": (n - 1) / (total - first),
+            "tokens": generate().tolist(), "compile_and_warmup_s": round(compile_s, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, required=True, help="manifest.json, .pte, prompt.txt, recipe/")
+    parser.add_argument("--binary", required=True, help="llm_generate")
+    parser.add_argument("--peers", default="kiln,hf_eager,compile_ro")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", default="unknown")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((args.bundle / "manifest.json").read_text())
+    ptd = args.bundle / manifest["ptd"]
+    if not ptd.exists():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "llm_generate" / "llm_weights.py"), "unpack",
+                        "--recipe", str(args.bundle / "recipe"), "--out", str(ptd)], check=True)
+    dtype = DTYPES[manifest["dtype"]]
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    roof_tps, bytes_per_token = roofline_tokens_per_s(manifest, itemsize)
+    prompt_ids = [int(t) for t in (args.bundle / "prompt.txt").read_text().replace(",", " ").split()]
+    results = {"commit": args.commit, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "model": f"Llama {manifest['size']} ({manifest['parameters'] / 1e6:.0f}M parameters), "
+                        f"{manifest['dtype']}, batch 1",
+               "prompt_len": manifest["prompt_len"], "new_tokens": manifest["new_tokens"],
+               "roofline_tokens_per_s": roof_tps, "bytes_per_token": bytes_per_token, "peers": {}}
+    lm = prompt = None
+    for peer in args.peers.split(","):
+        print(f"llm_bench: {peer} ...", flush=True)
+        try:
+            if peer == "kiln":
+                r = run_kiln(args, args.bundle, manifest)
+            else:
+                if lm is None:
+                    lm = build_hf(manifest["size"], manifest["seed"], dtype).cuda()
+                    prompt = torch.tensor([prompt_ids], device="cuda")
+                r = {"hf_eager": run_hf_eager, "compile_ro": run_compile_ro}[peer](args, lm, prompt, manifest)
+            r["roofline_fraction"] = r["decode_tokens_per_s"] / roof_tps
+            results["peers"][peer] = r
+            print(f"llm_bench: {peer}: prefill {r['prefill_ms']:.2f} ms, decode {r['decode_tokens_per_s']:.1f} "
+                  f"tokens/s ({r['roofline_fraction']:.1%} of roofline)", flush=True)
+        except Exception as e:  # a failing peer is reported, not fatal
+            results["peers"][peer] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"llm_bench: {peer} FAILED: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+    kiln_tokens = results["peers"].get("kiln", {}).get("tokens")
+    for name, r in results["peers"].items():
+        if kiln_tokens and "tokens" in r and name != "kiln":
+            same = next((i for i, (a, b) in enumerate(zip(kiln_tokens, r["tokens"])) if a != b), len(kiln_tokens))
+            r["tokens_equal_to_kiln"] = same
+    lines = [f"# LLM generation, {results['model']}, {results['gpu']}, commit {args.commit}", "",
+             f"prompt {manifest['prompt_len']} tokens, {manifest['new_tokens']} new tokens; roofline "
+             f"{roof_tps:.0f} tokens/s ({bytes_per_token / 1e6:.0f} MB per token at 4.8 TB/s)", "",
+             "| peer | prefill ms | decode tokens/s | roofline | tokens equal to Kiln's |", "|---|---|---|---|---|"]
+    for name, r in results["peers"].items():
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error'][:120]} | | | |")
+        else:
+            lines.append(f"| {name} | {r['prefill_ms']:.2f} | {r['decode_tokens_per_s']:.1f} | "
+                         f"{r['roofline_fraction']:.1%} | {r.get('tokens_equal_to_kiln', '-')} |")
+    (args.out / "llm_bench.md").write_text("\n".join(lines) + "\n")
+    for r in results["peers"].values():
+        r.pop("tokens", None)
+    (args.out / "llm_bench.json").write_text(json.dumps(results, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Exports a Llama-architecture model for examples/llm_generate: one .pte with
+two methods, `prefill` (the prompt, static length) and `decode` (one token),
+sharing weights and the KV cache (engine state on the GPU), plus the
+constant methods `get_max_seq_len` and `get_prompt_len` that the C++ loop
+reads. With --reference it also runs Hugging Face's greedy generation on the
+same weights (float32, on this machine) and writes what the GPU test compares
+against.
+
+    PYTHONPATH=python python3 examples/llm_generate/export_llama.py --size small \\
+        --dtype float32 --prompt-len 32 --new-tokens 64 --reference --out out/llm
+
+Writes into --out:
+  llama_<size>_<dtype>.pte     the program (weights inside, or in the .ptd)
+  llama_<size>_<dtype>.ptd     with --external-weights
+  prompt.txt                   the prompt's token ids, comma-separated
+  expected_tokens.txt          (--reference) HF greedy's new tokens, float32
+  expected_logits.f32          (--reference, --logits) the float32 logits of
+                               every step along those tokens, [steps, vocab]
+  manifest.json                what was exported (size, seed, lengths, files)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(HERE))
+import kiln  # noqa: E402
+from llama_kv import DEFAULT_SEED, SIZES, KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=sorted(SIZES), default="small")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=None,
+                   help="KV cache length (default: prompt + new tokens, rounded up to 64)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--logits", action="store_true", help="methods also return the logits [1, vocab]")
+    p.add_argument("--reference", action="store_true", help="write HF greedy tokens (float32) to compare with")
+    p.add_argument("--external-weights", action="store_true", help="weights to a .ptd beside the .pte")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="do not bake CUDA-graph replay into the engines")
+    p.add_argument("--target-sms", default="87,90")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.prompt_len < 1 or args.new_tokens < 1:
+        p.error("--prompt-len and --new-tokens must be >= 1")
+    if args.max_len is None:
+        args.max_len = (args.prompt_len + args.new_tokens + 63) // 64 * 64
+    if args.max_len < args.prompt_len + args.new_tokens:
+        p.error(f"--max-len {args.max_len} is shorter than prompt + new tokens "
+                f"({args.prompt_len + args.new_tokens})")
+    return args
+
+
+def prompt_ids(vocab: int, length: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(1, vocab, (1, length), generator=gen)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    size = SIZES[args.size]
+    dtype = DTYPES[args.dtype]
+    stem = f"llama_{args.size}_{args.dtype}"
+    t0 = time.time()
+    lm = build_hf(args.size, args.seed, dtype)
+    params = sum(p.numel() for p in lm.parameters())
+    model = KVLlama(lm, args.max_len, return_logits=args.logits).eval()
+    p = args.prompt_len
+    prompt = prompt_ids(size.vocab, p, args.seed)
+    programs = {
+        "prefill": torch.export.export(model, (prompt, torch.arange(p))),
+        "decode": torch.export.export(model, (prompt[:, :1], torch.tensor([p]))),
+    }
+    print(f"export_llama: {args.size} ({params / 1e6:.1f}M parameters, {args.dtype}), torch.export "
+          f"{time.time() - t0:.1f} s", flush=True)
+    compiled = kiln.compile(
+        programs, target_sms=[int(s) for s in args.target_sms.split(",")],
+        use_cuda_graphs=not args.no_cuda_graphs, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
+        constant_methods={"get_max_seq_len": args.max_len, "get_prompt_len": p,
+                          "get_vocab_size": size.vocab})
+    if compiled.summary.ops_on_cpu:
+        raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")
+    pte = args.out / f"{stem}.pte"
+    ptd = args.out / f"{stem}.ptd" if args.external_weights else None
+    kiln.save(compiled, pte, external_weights=ptd)
+    print(f"export_llama: wrote {pte} ({pte.stat().st_size / 2**20:.1f} MiB)"
+          + (f" and {ptd} ({ptd.stat().st_size / 2**20:.1f} MiB)" if ptd else "")
+          + f" in {time.time() - t0:.1f} s", flush=True)
+    (args.out / "prompt.txt").write_text(",".join(str(int(t)) for t in prompt[0]) + "\n")
+    manifest = {"size": args.size, "config": asdict(size), "dtype": args.dtype, "seed": args.seed,
+                "parameters": params, "prompt_len": p, "new_tokens": args.new_tokens, "max_len": args.max_len,
+                "logits": args.logits, "pte": pte.name, "ptd": ptd.name if ptd else None}
+    if args.reference:
+        ref_lm = build_hf(args.size, args.seed, torch.float32)
+        tokens = hf_greedy(ref_lm, prompt, args.new_tokens)
+        # The export wrapper in float32 must agree with HF before anything is
+        # compared on the GPU; its logits along HF's tokens are the reference.
+        wrapper = KVLlama(ref_lm, args.max_len, return_logits=True).eval()
+        mine, logits = kv_greedy(wrapper, prompt, args.new_tokens)
+        if mine != tokens:
+            raise SystemExit(f"export_llama: the KV-cache wrapper's greedy tokens differ from HF generate: "
+                             f"{mine[:8]}... vs {tokens[:8]}...")
+        (args.out / "expected_tokens.txt").write_text(",".join(map(str, tokens)) + "\n")
+        np.stack([lg[0].float().numpy() for lg in logits]).astype(np.float32).tofile(args.out / "expected_logits.f32")
+        manifest["reference"] = {"tokens": "expected_tokens.txt", "logits": "expected_logits.f32",
+                                 "how": "transformers LlamaForCausalLM.generate, greedy, float32, CPU"}
+        print(f"export_llama: HF greedy reference: {tokens[:12]}...", flush=True)
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Gets a large model's weights to a machine that cannot receive them (the GPU
+machine takes 64 MiB a call) by rebuilding them there from their seed.
+
+The .ptd that `kiln.save(..., external_weights=...)` writes holds each
+weight's bytes as Kiln stored them (a merged q/k/v weight is its parts one
+after another). `pack` finds every weight of the seeded Hugging Face model
+inside the .ptd, byte for byte, and writes a recipe (where each weight goes)
+and the .ptd with those bytes zeroed (the skeleton, which compresses to
+almost nothing). `unpack`, on the other machine, builds the same seeded model
+(tests/gpu/hf_models.py init_weights: numpy's PCG64 stream, same values on
+any machine), writes its weights back into the skeleton and checks the
+result's sha256 against the original's, so a .ptd that differs by one byte
+is refused rather than loaded.
+
+    python3 examples/llm_generate/llm_weights.py pack --ptd out/llm/llama_bench_bfloat16.ptd \\
+        --size bench --dtype bfloat16 --out .gpu_carry/llm_bench/recipe
+    python3 examples/llm_generate/llm_weights.py unpack --recipe DIR --out DIR/llama_bench_bfloat16.ptd
+
+unpack needs torch, transformers and numpy only (no ExecuTorch, no Kiln).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from llama_kv import DEFAULT_SEED, SIZES, build_hf  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MIN_BYTES = 4096  # smaller weights stay in the skeleton as they are
+
+
+def weight_bytes(size: str, seed: int, dtype: str) -> dict[str, bytes]:
+    """Each distinct floating tensor of the seeded model, as raw bytes."""
+    lm = build_hf(size, seed, DTYPES[dtype])
+    out, seen = {}, set()
+    for key, t in lm.state_dict(keep_vars=True).items():
+        if not t.is_floating_point() or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        out[key] = t.detach().contiguous().view(torch.uint8).numpy().tobytes()
+    return out
+
+
+def pack(args: argparse.Namespace) -> None:
+    t0 = time.time()
+    data = bytearray(args.ptd.read_bytes())
+    digest = hashlib.sha256(data).hexdigest()
+    weights = weight_bytes(args.size, args.seed, args.dtype)
+    regions, covered = [], 0
+    for key, b in weights.items():
+        if len(b) < MIN_BYTES:
+            continue
+        start = 0
+        while (at := data.find(b, start)) >= 0:
+            regions.append({"key": key, "offset": at, "nbytes": len(b)})
+            start = at + len(b)
+        if start == 0:
+            print(f"llm_weights: {key} ({len(b)} bytes) is not in the .ptd as is; it stays in the skeleton")
+    for r in regions:
+        data[r["offset"]:r["offset"] + r["nbytes"]] = bytes(r["nbytes"])
+        covered += r["nbytes"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with lzma.open(args.out / "skeleton.ptd.xz", "wb", preset=6) as f:
+        f.write(data)
+    recipe = {"size": args.size, "seed": args.seed, "dtype": args.dtype, "ptd_bytes": len(data),
+              "ptd_sha256": digest, "regions": regions}
+    (args.out / "recipe.json").write_text(json.dumps(recipe, indent=0) + "\n")
+    packed = (args.out / "skeleton.ptd.xz").stat().st_size
+    print(f"llm_weights: {len(regions)} regions, {covered / len(data):.1%} of {len(data) / 2**20:.1f} MiB rebuilt "
+          f"from the seed; skeleton {packed / 2**20:.2f} MiB ({time.time() - t0:.0f} s)")
+
+
+def unpack(args: argparse.Namespace) -> None:
+    t0 = time.time()
+    recipe = json.loads((args.recipe / "recipe.json").read_text())
+    with lzma.open(args.recipe / "skeleton.ptd.xz") as f:
+        data = bytearray(f.read())
+    if len(data) != recipe["ptd_bytes"]:
+        sys.exit(f"llm_weights: skeleton has {len(data)} bytes, recipe says {recipe['ptd_bytes']}")
+    weights = weight_bytes(recipe["size"], recipe["seed"], recipe["dtype"])
+    for r in recipe["regions"]:
+        b = weights.get(r["key"])
+        if b is None or len(b) != r["nbytes"]:
+            sys.exit(f"llm_weights: weight {r['key']} is {'missing' if b is None else f'{len(b)} bytes'} here; "
+                     f"the recipe wants {r['nbytes']} bytes (another transformers version?)")
+        data[r["offset"]:r["offset"] + r["nbytes"]] = b
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != recipe["ptd_sha256"]:
+        sys.exit(f"llm_weights: rebuilt .ptd sha256 {digest[:16]}... differs from the exported "
+                 f"{recipe['ptd_sha256'][:16]}...: the seeded weights came out differently here")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(data)
+    print(f"llm_weights: wrote {args.out} ({len(data) / 2**20:.1f} MiB, sha256 matches) in {time.time() - t0:.0f} s")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("pack")
+    a.add_argument("--ptd", type=Path, required=True)
+    a.add_argument("--size", choices=sorted(SIZES), required=True)
+    a.add_argument("--dtype", choices=sorted(DTYPES), required=True)
+    a.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    a.add_argument("--out", type=Path, required=True)
+    b = sub.add_parser("unpack")
+    b.add_argument("--recipe", type=Path, required=True)
+    b.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    pack(args) if args.cmd == "pack" else unpack(args)
+
+
+if __name__ == "__main__":
+    main()

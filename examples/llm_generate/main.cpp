@@ -1,0 +1,351 @@
+// llm_generate: greedy generation from a Kiln .pte holding `prefill` and
+// `decode` methods that share weights and a KV cache kept on the GPU
+// (examples/llm_generate/export_llama.py). ExecuTorch's Module and the Kiln
+// delegate only: no libtorch, no Python.
+//
+//   llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]
+//                [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]
+//                [--warmup W] [--runs R]
+//
+// Each method takes (tokens int64 [1, T], positions int64 [T]) and returns
+// the next token (int64 [1], argmax on the GPU) and, when exported with
+// --logits, the logits [1, vocab]. `prefill` runs the prompt (its length is
+// fixed at export: the constant method get_prompt_len), then `decode` runs
+// once per new token at the next position, up to get_max_seq_len.
+//
+// Prints the time to first token (the prefill call, host to host), decode
+// tokens/s, and what KilnBackend moved between host and GPU during decode:
+// a token and a position in, a token out, never the cache.
+//
+// exit codes: 0 done (and --expect matched), 1 load/run error, 2 usage,
+//             3 no usable CUDA GPU, 5 tokens differ from --expect
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr_maker.h>
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/backend/options.h>
+
+namespace et = executorch::runtime;
+using executorch::aten::ScalarType;
+using executorch::extension::Module;
+using executorch::extension::TensorPtr;
+
+namespace {
+
+constexpr const char* kKiln = "KilnBackend";
+
+struct Flags {
+  std::string model, data_path, prompt, prompt_file, expect, logits_out;
+  int new_tokens = 64;
+  int warmup = 0, runs = 1;  // whole generations; timings are medians over `runs`
+  bool cuda_graphs = true;
+};
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]\n"
+               "                    [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]\n"
+               "                    [--warmup W] [--runs R]\n");
+}
+
+bool parse_flags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "llm_generate: %s needs a value\n", a.c_str());
+        return false;
+      }
+      *out = argv[++i];
+      return true;
+    };
+    std::string n;
+    if (a == "--model" && value(&f->model)) continue;
+    if (a == "--data_path" && value(&f->data_path)) continue;
+    if (a == "--prompt" && value(&f->prompt)) continue;
+    if (a == "--prompt_file" && value(&f->prompt_file)) continue;
+    if (a == "--expect" && value(&f->expect)) continue;
+    if (a == "--logits_out" && value(&f->logits_out)) continue;
+    if (a == "--no_cuda_graphs") {
+      f->cuda_graphs = false;
+      continue;
+    }
+    int* count = a == "--new_tokens" ? &f->new_tokens : a == "--warmup" ? &f->warmup : a == "--runs" ? &f->runs
+                                                                                                  : nullptr;
+    if (count != nullptr && value(&n)) {
+      char* end = nullptr;
+      long v = std::strtol(n.c_str(), &end, 10);
+      const long least = a == "--warmup" ? 0 : 1;
+      if (*end != '\0' || v < least || v > 1000000) {
+        std::fprintf(stderr, "llm_generate: %s '%s' is not a count >= %ld\n", a.c_str(), n.c_str(), least);
+        return false;
+      }
+      *count = static_cast<int>(v);
+      continue;
+    }
+    std::fprintf(stderr, "llm_generate: unknown or incomplete flag '%s'\n", a.c_str());
+    return false;
+  }
+  if (f->model.empty()) std::fprintf(stderr, "llm_generate: --model is required\n");
+  if (!f->prompt.empty() && !f->prompt_file.empty())
+    std::fprintf(stderr, "llm_generate: give --prompt or --prompt_file, not both\n");
+  return !f->model.empty() && (f->prompt.empty() || f->prompt_file.empty());
+}
+
+// Comma- or whitespace-separated token ids.
+bool parse_ids(const std::string& text, const std::string& what, std::vector<int64_t>* ids) {
+  std::string t = text;
+  for (char& c : t)
+    if (c == ',') c = ' ';
+  std::istringstream in(t);
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    long long v = std::strtoll(word.c_str(), &end, 10);
+    if (*end != '\0' || v < 0) {
+      std::fprintf(stderr, "llm_generate: %s: '%s' is not a token id\n", what.c_str(), word.c_str());
+      return false;
+    }
+    ids->push_back(v);
+  }
+  return true;
+}
+
+bool read_file(const std::string& path, std::string* text) {
+  std::ifstream f(path);
+  if (!f) {
+    std::fprintf(stderr, "llm_generate: cannot read %s: %s\n", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  std::stringstream s;
+  s << f.rdbuf();
+  *text = s.str();
+  return true;
+}
+
+// An int constant method (get_max_seq_len, ...) of the program.
+bool constant(Module& m, const char* name, int64_t* value) {
+  auto out = m.execute(name);
+  if (!out.ok() || out->empty() || !(*out)[0].isInt()) {
+    std::fprintf(stderr, "llm_generate: the program has no int constant method '%s' (export it with "
+                         "examples/llm_generate/export_llama.py)\n", name);
+    return false;
+  }
+  *value = (*out)[0].toInt();
+  return true;
+}
+
+float to_float(const executorch::aten::Tensor& t, size_t i) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: return t.const_data_ptr<float>()[i];
+    case ScalarType::Half: return static_cast<float>(t.const_data_ptr<executorch::aten::Half>()[i]);
+    case ScalarType::BFloat16: return static_cast<float>(t.const_data_ptr<executorch::aten::BFloat16>()[i]);
+    default: return 0.0f;
+  }
+}
+
+struct Counters {
+  int h2d = 0, d2h = 0, h2d_bytes = 0, d2h_bytes = 0, launches = 0, records = 0;
+};
+
+Counters read_counters() {
+  Counters c;
+  et::BackendOptions<6> q;
+  (void)q.set_option("h2d_copies", 0);
+  (void)q.set_option("d2h_copies", 0);
+  (void)q.set_option("h2d_bytes", 0);
+  (void)q.set_option("d2h_bytes", 0);
+  (void)q.set_option("graph_launches", 0);
+  (void)q.set_option("graph_records", 0);
+  if (et::get_option(kKiln, q.view()) != et::Error::Ok) return c;
+  (void)q.get_option("h2d_copies", c.h2d);
+  (void)q.get_option("d2h_copies", c.d2h);
+  (void)q.get_option("h2d_bytes", c.h2d_bytes);
+  (void)q.get_option("d2h_bytes", c.d2h_bytes);
+  (void)q.get_option("graph_launches", c.launches);
+  (void)q.get_option("graph_records", c.records);
+  return c;
+}
+
+class Generator {
+ public:
+  Generator(Module& m, FILE* logits_out) : module_(m), logits_out_(logits_out) {}
+
+  // Runs `method` on tokens at positions; the next token in *next.
+  bool step(const char* method, std::vector<int64_t> tokens, std::vector<int64_t> positions, int64_t* next) {
+    const auto t = static_cast<executorch::aten::SizesType>(tokens.size());
+    TensorPtr tok = executorch::extension::make_tensor_ptr({1, t}, std::move(tokens));
+    TensorPtr pos = executorch::extension::make_tensor_ptr({t}, std::move(positions));
+    auto out = module_.execute(method, {et::EValue(tok), et::EValue(pos)});
+    if (!out.ok()) {
+      std::fprintf(stderr, "llm_generate: %s failed (error 0x%x)\n", method, static_cast<unsigned>(out.error()));
+      return false;
+    }
+    if (out->empty() || !(*out)[0].isTensor() || (*out)[0].toTensor().scalar_type() != ScalarType::Long ||
+        (*out)[0].toTensor().numel() != 1) {
+      std::fprintf(stderr, "llm_generate: %s must return the next token as int64 [1] first\n", method);
+      return false;
+    }
+    *next = (*out)[0].toTensor().const_data_ptr<int64_t>()[0];
+    if (logits_out_ != nullptr && out->size() > 1 && (*out)[1].isTensor()) {
+      const auto& lg = (*out)[1].toTensor();
+      row_.resize(static_cast<size_t>(lg.numel()));
+      for (size_t i = 0; i < row_.size(); ++i) row_[i] = to_float(lg, i);
+      std::fwrite(row_.data(), sizeof(float), row_.size(), logits_out_);
+    }
+    return true;
+  }
+
+ private:
+  Module& module_;
+  FILE* logits_out_;
+  std::vector<float> row_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!parse_flags(argc, argv, &flags)) {
+    usage();
+    return 2;
+  }
+  if (!flags.cuda_graphs) {
+    et::BackendOptions<1> off;
+    (void)off.set_option("use_cuda_graphs", false);
+    (void)et::set_option(kKiln, off.view());
+  }
+  Module module = flags.data_path.empty() ? Module(flags.model, Module::LoadMode::Mmap)
+                                          : Module(flags.model, flags.data_path, Module::LoadMode::Mmap);
+  if (et::Error e = module.load(et::Program::Verification::InternalConsistency); e != et::Error::Ok) {
+    std::fprintf(stderr, "llm_generate: cannot load %s: %s\n", flags.model.c_str(), et::to_string(e));
+    return 1;
+  }
+  int64_t max_len = 0, prompt_len = 0;
+  if (!constant(module, "get_max_seq_len", &max_len) || !constant(module, "get_prompt_len", &prompt_len)) return 1;
+
+  std::vector<int64_t> prompt;
+  std::string text = flags.prompt;
+  if (!flags.prompt_file.empty() && !read_file(flags.prompt_file, &text)) return 1;
+  if (text.empty()) {  // a fixed default prompt
+    for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(1 + (i * 37) % 97);
+  } else if (!parse_ids(text, "prompt", &prompt)) {
+    return 2;
+  }
+  if (static_cast<int64_t>(prompt.size()) != prompt_len) {
+    std::fprintf(stderr, "llm_generate: the prompt has %zu tokens; this program's prefill takes exactly %lld "
+                         "(get_prompt_len)\n", prompt.size(), static_cast<long long>(prompt_len));
+    return 2;
+  }
+  if (prompt_len + flags.new_tokens > max_len) {
+    std::fprintf(stderr, "llm_generate: %lld prompt + %d new tokens exceed the KV cache of %lld positions "
+                         "(get_max_seq_len)\n", static_cast<long long>(prompt_len), flags.new_tokens,
+                 static_cast<long long>(max_len));
+    return 2;
+  }
+  std::printf("%s: prompt %lld tokens, KV cache %lld positions, %d new tokens\n", flags.model.c_str(),
+              static_cast<long long>(prompt_len), static_cast<long long>(max_len), flags.new_tokens);
+  // The program checks out; running it needs the GPU.
+  et::BackendInterface* kiln = et::get_backend_class(kKiln);
+  if (kiln == nullptr || !kiln->is_available()) {
+    std::fprintf(stderr, "llm_generate: %s; the program's methods run on KilnBackend, which needs an NVIDIA GPU\n",
+                 kiln == nullptr ? "KilnBackend is not linked in" : "no usable CUDA GPU here");
+    return 3;
+  }
+  // Load both methods (engines, weights, cache) before timing anything.
+  for (const char* m : {"prefill", "decode"})
+    if (et::Error e = module.load_method(m); e != et::Error::Ok) {
+      std::fprintf(stderr, "llm_generate: cannot load method '%s': %s\n", m, et::to_string(e));
+      return 1;
+    }
+  FILE* logits = nullptr;
+  if (!flags.logits_out.empty() && (logits = std::fopen(flags.logits_out.c_str(), "wb")) == nullptr) {
+    std::fprintf(stderr, "llm_generate: cannot write %s: %s\n", flags.logits_out.c_str(), std::strerror(errno));
+    return 1;
+  }
+  using clock = std::chrono::steady_clock;
+  std::vector<int64_t> positions(prompt.size());
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int64_t>(i);
+  std::vector<int64_t> tokens, first_tokens;
+  std::vector<double> ttfts, decodes;
+  Counters before, after;
+  // Each generation starts over at position 0: prefill rewrites the cache's
+  // first positions and the mask hides everything past the current one.
+  for (int run = 0; run < flags.warmup + flags.runs; ++run) {
+    const bool last = run + 1 == flags.warmup + flags.runs;
+    Generator gen(module, last ? logits : nullptr);
+    tokens.clear();
+    int64_t next = 0;
+    const auto t0 = clock::now();
+    if (!gen.step("prefill", prompt, positions, &next)) return 1;
+    const auto t1 = clock::now();
+    tokens.push_back(next);
+    if (last) before = read_counters();
+    for (int i = 1; i < flags.new_tokens; ++i) {
+      if (!gen.step("decode", {next}, {prompt_len + i - 1}, &next)) return 1;
+      tokens.push_back(next);
+    }
+    const auto t2 = clock::now();
+    if (last) after = read_counters();
+    if (run >= flags.warmup) {
+      ttfts.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      decodes.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
+    if (run == 0) first_tokens = tokens;
+    if (tokens != first_tokens) {
+      std::fprintf(stderr, "llm_generate: generation %d gave other tokens than the first one: the cache or "
+                           "the engines are not deterministic\n", run + 1);
+      return 1;
+    }
+  }
+  if (logits != nullptr) std::fclose(logits);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  const double ttft_ms = median(ttfts);
+  const double decode_s = median(decodes);
+  const int steps = flags.new_tokens - 1;
+  std::printf("tokens:");
+  for (int64_t t : tokens) std::printf(" %lld", static_cast<long long>(t));
+  std::printf("\ntime to first token: %.3f ms (prefill of %lld tokens; median of %d)\n", ttft_ms,
+              static_cast<long long>(prompt_len), flags.runs);
+  if (steps > 0) {
+    std::printf("decode: %d tokens in %.3f ms: %.1f tokens/s (%.3f ms/token; median of %d)\n", steps,
+                decode_s * 1e3, steps / decode_s, decode_s * 1e3 / steps, flags.runs);
+    std::printf("decode host<->GPU traffic: %d copies in (%d bytes), %d copies out (%d bytes), "
+                "%d CUDA graph launches, %d graph recordings: %.1f bytes in and %.1f out per token\n",
+                after.h2d - before.h2d, after.h2d_bytes - before.h2d_bytes, after.d2h - before.d2h,
+                after.d2h_bytes - before.d2h_bytes, after.launches - before.launches,
+                after.records - before.records, double(after.h2d_bytes - before.h2d_bytes) / steps,
+                double(after.d2h_bytes - before.d2h_bytes) / steps);
+  }
+  if (!flags.expect.empty()) {
+    std::string expect_text;
+    std::vector<int64_t> expected;
+    if (!read_file(flags.expect, &expect_text) || !parse_ids(expect_text, flags.expect, &expected)) return 1;
+    size_t n = std::min(expected.size(), tokens.size()), first_diff = n;
+    for (size_t i = 0; i < n && first_diff == n; ++i)
+      if (expected[i] != tokens[i]) first_diff = i;
+    if (first_diff == n && expected.size() == tokens.size()) {
+      std::printf("PASS  %zu tokens equal %s\n", tokens.size(), flags.expect.c_str());
+    } else {
+      std::printf("FAIL  tokens differ from %s at %zu of %zu (got %lld, expected %lld)\n", flags.expect.c_str(),
+                  first_diff, expected.size(),
+                  first_diff < tokens.size() ? static_cast<long long>(tokens[first_diff]) : -1LL,
+                  first_diff < expected.size() ? static_cast<long long>(expected[first_diff]) : -1LL);
+      return 5;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/gpu_check.sh has built build-gpu:
+#   1. benchmarks/llm_bench.py on the carried bench model (Kiln's C++ loop,
+#      HF generate eager, the static-cache forward under torch.compile
+#      reduce-overhead, in one run; the .ptd is rebuilt from its seed);
+#   2. a per-step profile (KILN_PROFILE_STEPS=1) of its decode and prefill
+#      methods, bucketed by tools/profile_summary.py, and each method's
+#      CUDA-graph replay latency.
+# Usage: KILN_GPU_BUNDLE=.gpu_carry bash scripts/gpu_llm.sh [commit]
+# Carries: $KILN_GPU_BUNDLE/llm_bench (export_llama.py --size bench
+# --external-weights, then llm_weights.py pack into llm_bench/recipe).
+# Writes $OUT/llm_bench.{md,json} and $OUT/llm_profile.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+carry=${KILN_GPU_BUNDLE:-.gpu_carry}
+bundle=$carry/llm_bench
+out=${OUT:-out/gpu}
+commit=${1:-$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)}
+bin=build-gpu/examples/llm_generate/llm_generate
+runner=build-gpu/tools/kiln_runner/kiln_runner
+mkdir -p "$out"
+if [ ! -x "$bin" ] || [ ! -x "$runner" ]; then
+  cmake --build build-gpu -j"$(nproc)" --target llm_generate kiln_runner >/tmp/kiln_llm_build.log 2>&1 ||
+    { tail -30 /tmp/kiln_llm_build.log; exit 1; }
+fi
+PYTHONUNBUFFERED=1 python3 benchmarks/llm_bench.py --bundle "$bundle" --binary "$bin" --out "$out" \
+  --commit "$commit" ${KILN_LLM_PEERS:+--peers "$KILN_LLM_PEERS"} 2>&1 | grep -vE "^I |Warning|warn\(" | tail -40
+read -r pte ptd < <(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['pte'], m['ptd'])" \
+  "$bundle/manifest.json")
+: >"$out/llm_profile.txt"
+for method in decode prefill; do
+  KILN_PROFILE_STEPS=1 "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" \
+    --device_io=true --num_runs=30 --warmup=5 >"/tmp/kiln_llm_$method.txt" 2>&1
+  { echo "== $method"; grep -E "latency|steps," "/tmp/kiln_llm_$method.txt"; python3 tools/profile_summary.py "/tmp/kiln_llm_$method.txt"
+    "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" --device_io=true \
+      --use_cuda_graphs=true --cuda_events=true --num_runs=200 --warmup=20 2>&1 | grep -E "^latency" | sed 's/^/graph replay /'
+  } | tee -a "$out/llm_profile.txt"
+done

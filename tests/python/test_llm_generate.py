@@ -1,0 +1,118 @@
+"""examples/llm_generate on the CPU machine: the export wrapper (static KV
+cache, rotary tables and mask by position, argmax) generates exactly Hugging
+Face's greedy tokens; the Kiln export has two methods sharing one set of
+weights and the caches as engine state, nothing on the CPU, the fused
+rotary and argmax steps, and the constant methods the C++ loop reads; the
+weight recipe rebuilds the .ptd byte for byte; and the C++ example checks
+its inputs and says plainly that it needs a GPU. (tests/gpu/
+llm_generate_test.py runs it on the GPU against HF greedy.)"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "llm_generate"))
+import export_llama  # noqa: E402
+import llm_weights  # noqa: E402
+from llama_kv import KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
+
+from kiln.inspect import describe, inspect_pte  # noqa: E402
+
+pytestmark = pytest.mark.needs_compiler
+BINARY = ROOT / os.environ.get("KILN_BUILD_DIR", "build") / "examples" / "llm_generate" / "llm_generate"
+
+
+def test_wrapper_generates_hf_greedy_tokens():
+    lm = build_hf("tiny", seed=3)
+    prompt = torch.randint(1, 512, (1, 7), generator=torch.Generator().manual_seed(4))
+    tokens, logits = kv_greedy(KVLlama(lm, 32, return_logits=True).eval(), prompt, 12)
+    assert tokens == hf_greedy(lm, prompt, 12)
+    assert len(logits) == 12 and logits[0].shape == (1, 512)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("llm")
+    export_llama.main(["--size", "tiny", "--prompt-len", "6", "--new-tokens", "9", "--logits", "--reference",
+                       "--external-weights", "--out", str(out)])
+    return out
+
+
+def test_export_has_two_methods_sharing_weights_and_state(exported):
+    pte = exported / "llama_tiny_float32.pte"
+    info = inspect_pte(pte)
+    text = describe(info)
+    assert "shared with method 'decode'" in text and "shared with method 'prefill'" in text
+    assert (exported / "expected_tokens.txt").read_text().count(",") == 8
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte, data_path=exported / "llama_tiny_float32.ptd")
+    assert {"prefill", "decode", "get_max_seq_len", "get_prompt_len", "get_vocab_size"} <= set(program.method_names)
+    assert program.load_method("get_max_seq_len").execute([]) == [64]
+    assert program.load_method("get_prompt_len").execute([]) == [6]
+
+
+def test_decode_plan_is_fused(tmp_path):
+    """The decode step of a layer: norm, three projections, one rotary step
+    each for q and k, two cache updates, attention, ...; argmax on the GPU."""
+    import kiln
+
+    lm = build_hf("tiny", seed=5)
+    model = KVLlama(lm, 16).eval()
+    example = (torch.zeros(1, 1, dtype=torch.long), torch.tensor([3]))
+    compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=tmp_path)
+    assert not compiled.summary.ops_on_cpu
+    plan = next(tmp_path.glob("partition_0/*_lower.txt")).read_text()
+    labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
+    layers = lm.config.num_hidden_layers
+    assert labels.count("rotary") == 2 * layers
+    assert labels.count("state_update") == 2 * layers
+    assert labels.count("attention") == layers
+    assert labels[-1] == "argmax"
+    assert not {"cat", "neg", "slice_copy"} & set(labels), labels
+
+
+def test_weight_recipe_rebuilds_the_ptd(exported, tmp_path):
+    ptd = exported / "llama_tiny_float32.ptd"
+    llm_weights.main(["pack", "--ptd", str(ptd), "--size", "tiny", "--dtype", "float32", "--out", str(tmp_path)])
+    llm_weights.main(["unpack", "--recipe", str(tmp_path), "--out", str(tmp_path / "rebuilt.ptd")])
+    assert (tmp_path / "rebuilt.ptd").read_bytes() == ptd.read_bytes()
+    # Another seed's weights do not pass the checksum.
+    import json
+    recipe = json.loads((tmp_path / "recipe.json").read_text())
+    recipe["seed"] += 1
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    with pytest.raises(SystemExit, match="sha256"):
+        llm_weights.main(["unpack", "--recipe", str(tmp_path), "--out", str(tmp_path / "bad.ptd")])
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a CUDA GPU is present: tests/gpu/llm_generate_test.py runs the loop")
+def test_example_checks_inputs_then_needs_a_gpu(exported):
+    if not BINARY.exists():
+        pytest.fail(f"llm_generate not built at {BINARY}; run scripts/setup.sh (or set KILN_BUILD_DIR)")
+    base = [str(BINARY), "--model", str(exported / "llama_tiny_float32.pte"),
+            "--data_path", str(exported / "llama_tiny_float32.ptd")]
+    short = subprocess.run(base + ["--prompt", "1,2,3"], capture_output=True, text=True)
+    assert short.returncode == 2 and "prefill takes exactly 6" in short.stderr
+    long = subprocess.run(base + ["--prompt_file", str(exported / "prompt.txt"), "--new_tokens", "100"],
+                          capture_output=True, text=True)
+    assert long.returncode == 2 and "exceed the KV cache of 64 positions" in long.stderr
+    ok = subprocess.run(base + ["--prompt_file", str(exported / "prompt.txt"), "--new_tokens", "9"],
+                        capture_output=True, text=True)
+    assert "prompt 6 tokens, KV cache 64 positions, 9 new tokens" in ok.stdout
+    assert ok.returncode == 3 and "needs an NVIDIA GPU" in ok.stderr
+    usage = subprocess.run([str(BINARY), "--new_tokens", "0"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "--new_tokens '0' is not a count >= 1" in usage.stderr
