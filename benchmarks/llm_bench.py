@@ -102,20 +102,22 @@ def run_hf_eager(args, lm, prompt, manifest) -> dict:
 
 def run_compile_ro(args, lm, prompt, manifest) -> dict:
     n, p = manifest["new_tokens"], manifest["prompt_len"]
-    model = KVLlama(lm, manifest["max_len"]).cuda().eval()
+    model = KVLlama(lm, manifest["max_len"]).eval()
     step = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     positions = torch.arange(p, device="cuda")
     decode_pos = [torch.tensor([p + i], device="cuda") for i in range(n)]
 
     def prefill():
-        return step(prompt, positions)
+        with torch.no_grad():
+            return step(prompt, positions)
 
     def generate():
         with torch.no_grad():
-            token = prefill()
+            # CUDA-graph outputs are overwritten by the next replay: keep copies.
+            token = prefill().clone()
             tokens = [token]
             for i in range(n - 1):
-                token = step(token.view(1, 1).clone(), decode_pos[i])
+                token = step(token.view(1, 1), decode_pos[i]).clone()
                 tokens.append(token)
             return torch.cat(tokens)
 

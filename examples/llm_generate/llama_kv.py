@@ -94,14 +94,15 @@ class KVLlama(nn.Module):
         dtype = lm.model.embed_tokens.weight.dtype
         for i in range(cfg.num_hidden_layers):
             shape = (1, self.kv_heads, max_len, self.head_dim)
-            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=dtype))
-            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype))
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=dtype, device=lm.device))
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype, device=lm.device))
         # HF's own rotary embedding gives the tables, so positions match its math.
-        probe = torch.zeros(1, max_len, self.head_dim, dtype=torch.float32)
-        cos, sin = lm.model.rotary_emb(probe, torch.arange(max_len)[None])
+        device = lm.model.embed_tokens.weight.device
+        probe = torch.zeros(1, max_len, self.head_dim, dtype=torch.float32, device=device)
+        cos, sin = lm.model.rotary_emb(probe, torch.arange(max_len, device=device)[None])
         self.register_buffer("cos_table", cos[0].to(dtype))
         self.register_buffer("sin_table", sin[0].to(dtype))
-        self.register_buffer("key_positions", torch.arange(max_len))
+        self.register_buffer("key_positions", torch.arange(max_len, device=device))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor):
         t = tokens.shape[1]

@@ -3,8 +3,9 @@ machine takes 64 MiB a call) by rebuilding them there from their seed.
 
 The .ptd that `kiln.save(..., external_weights=...)` writes holds each
 weight's bytes as Kiln stored them (a merged q/k/v weight is its parts one
-after another). `pack` finds every weight of the seeded Hugging Face model
-inside the .ptd, byte for byte, and writes a recipe (where each weight goes)
+after another). `pack` (which needs ExecuTorch, to read the .ptd's segments)
+finds every weight of the seeded Hugging Face model in the segments, byte
+for byte, and writes a recipe (where each weight goes)
 and the .ptd with those bytes zeroed (the skeleton, which compresses to
 almost nothing). `unpack`, on the other machine, builds the same seeded model
 (tests/gpu/hf_models.py init_weights: numpy's PCG64 stream, same values on
@@ -51,20 +52,47 @@ def weight_bytes(size: str, seed: int, dtype: str) -> dict[str, bytes]:
     return out
 
 
+def segments(data: bytes) -> list[tuple[int, int]]:
+    """(offset, size) of every data segment of a .ptd (ExecuTorch's FlatTensor
+    format; read with ExecuTorch's own deserializer, so pack needs it)."""
+    from executorch.extension.flat_tensor.serialize.serialize import (
+        _deserialize_to_flat_tensor,
+        _get_extended_header,
+    )
+
+    header = _get_extended_header(data)
+    if header is None:
+        sys.exit("llm_weights: not an ExecuTorch .ptd (no FlatTensor header)")
+    flat = _deserialize_to_flat_tensor(data)
+    return [(header.segment_base_offset + seg.offset, seg.size) for seg in flat.segments]
+
+
 def pack(args: argparse.Namespace) -> None:
     t0 = time.time()
     data = bytearray(args.ptd.read_bytes())
     digest = hashlib.sha256(data).hexdigest()
     weights = weight_bytes(args.size, args.seed, args.dtype)
-    regions, covered = [], 0
+    # A segment is one weight or several one after another (merged
+    # projections): match from its start, weight by weight, by a 64-byte
+    # prefix and then in full.
+    by_prefix: dict[bytes, list[str]] = {}
     for key, b in weights.items():
-        if len(b) < MIN_BYTES:
-            continue
-        start = 0
-        while (at := data.find(b, start)) >= 0:
-            regions.append({"key": key, "offset": at, "nbytes": len(b)})
-            start = at + len(b)
-        if start == 0:
+        if len(b) >= MIN_BYTES:
+            by_prefix.setdefault(b[:64], []).append(key)
+    view = memoryview(data)
+    regions, covered, found = [], 0, set()
+    for offset, size in segments(bytes(data)):
+        at, end = offset, offset + size
+        while at + 64 <= end:
+            match = next((k for k in by_prefix.get(bytes(view[at:at + 64]), [])
+                          if at + len(weights[k]) <= end and view[at:at + len(weights[k])] == weights[k]), None)
+            if match is None:
+                break
+            regions.append({"key": match, "offset": at, "nbytes": len(weights[match])})
+            found.add(match)
+            at += len(weights[match])
+    for key, b in weights.items():
+        if len(b) >= MIN_BYTES and key not in found:
             print(f"llm_weights: {key} ({len(b)} bytes) is not in the .ptd as is; it stays in the skeleton")
     for r in regions:
         data[r["offset"]:r["offset"] + r["nbytes"]] = bytes(r["nbytes"])
