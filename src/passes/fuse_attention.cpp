@@ -59,6 +59,16 @@ class Matcher {
       if (std::find(allowed.begin(), allowed.end(), u) == allowed.end()) return false;
     return true;
   }
+  // A dtype conversion of a float tensor to `to` (aten._to_copy, nothing else changed).
+  bool is_float_cast(const ir::Node& n, engine::DType to) const {
+    if (n.op != "aten._to_copy.default" || n.inputs.size() != 1 || n.outputs.size() != 1) return false;
+    const ir::Value& in = graph_.value(n.inputs[0]);
+    const ir::Value& out = graph_.value(n.outputs[0]);
+    auto is_float = [](engine::DType d) {
+      return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
+    };
+    return out.dtype == to && is_float(in.dtype) && is_float(to) && in.shape == out.shape;
+  }
   int sole_consumer(int v) const {
     const auto& users = consumers_[static_cast<size_t>(v)];
     return users.size() == 1 && !is_output(v) ? users[0] : -1;
@@ -240,6 +250,18 @@ bool Matcher::try_softmax(int s_index) {
     if (!read_only_by(x, {s_index})) return false;
     fold.resize(1);
   }
+  // Softmax in float32 between casts, as Hugging Face's eager attention and
+  // Llama-style code write it for half-precision models
+  // (softmax(scores.float()).to(dtype)): the kernel computes in float anyway.
+  const int up = producer(x);
+  const bool upcast = up >= 0 && is_float_cast(node(up), engine::DType::kFloat32) &&
+                      graph_.value(node(up).inputs[0]).dtype != engine::DType::kFloat32;
+  if (upcast) {
+    const int down = sole_consumer(p);
+    if (down < 0 || !is_float_cast(node(down), graph_.value(node(up).inputs[0]).dtype)) return false;
+    fold.push_back(down);
+    p = node(down).outputs[0];
+  }
   int v = p, bmm2 = -1;
   for (;;) {
     const int c = sole_consumer(v);
@@ -308,7 +330,7 @@ bool Matcher::try_softmax(int s_index) {
       cur = pn.inputs[0];
       continue;
     }
-    if (ops::is_view_op(pn.op)) {
+    if (ops::is_view_op(pn.op) || (upcast && pi == up)) {
       fold.push_back(pi);
       cur = pn.inputs[0];
       continue;
@@ -342,7 +364,8 @@ bool Matcher::try_softmax(int s_index) {
   }
   int q = node(bmm1).inputs[0], kt = node(bmm1).inputs[1], vv = node(bmm2).inputs[1];
   const engine::DType dt = graph_.value(q).dtype;
-  if (graph_.value(kt).dtype != dt || graph_.value(vv).dtype != dt || graph_.value(x).dtype != dt) return false;
+  const engine::DType scores_dt = upcast ? graph_.value(node(up).inputs[0]).dtype : graph_.value(x).dtype;
+  if (graph_.value(kt).dtype != dt || graph_.value(vv).dtype != dt || scores_dt != dt) return false;
   const int64_t head_dim = graph_.value(q).shape[2], value_dim = graph_.value(vv).shape[2];
   if (head_dim > 128 || value_dim > 128) return false;  // the kernels' limit
 
