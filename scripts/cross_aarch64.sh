@@ -23,6 +23,9 @@
 # libcudart loads it when first needed, so under qemu, where there is none, the
 # runner starts and says why it cannot run the model.
 #
+# It also installs the CMake package (build-aarch64/install) and builds and runs
+# examples/cpp_module_app against it the same way.
+#
 # Output: build-aarch64/ and lines "cross_aarch64: PASS ..." / "... FAIL ...";
 # exit 0 when everything passed. KILN_CROSS_SKIP_QEMU=1 stops after the build.
 set -euo pipefail
@@ -40,6 +43,7 @@ cuda_home=${CUDA_HOME:-/usr/local/cuda}
 python=${PYTHON:-python3}
 cache=${KILN_CROSS_CACHE:-$HOME/.cache/kiln/aarch64}
 build=${KILN_CROSS_BUILD:-build-aarch64}
+case $build in /*) ;; *) build=$root/$build ;; esac
 
 # The aarch64 wheels. The CUDA ones are the versions the x86 environment gets
 # with torch 2.14.1 (requirements.txt), so both builds link the same libraries.
@@ -235,4 +239,30 @@ if [ -x build/tools/kiln_runner/kiln_runner ] && ! command -v nvidia-smi >/dev/n
   fi
 fi
 phase_done "qemu run"
+
+# ---- 6. The CMake package, as an aarch64 app uses it ------------------------------
+# `cmake --install` into build-aarch64/install, then examples/cpp_module_app built
+# against it (find_package(executorch_backend_kiln)) and run under qemu: exit 3,
+# the model needs KilnBackend and there is no GPU.
+"$cmake_bin" --install "$build" --prefix "$build/install" >"$build/install.log" 2>&1 ||
+  { cat "$build/install.log" >&2; fail "cmake --install $build"; }
+app=$build/cpp_module_app
+"$cmake_bin" -S examples/cpp_module_app -B "$app" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_TOOLCHAIN_FILE="$root/cmake/toolchains/aarch64-linux-gnu.cmake" \
+  -DCMAKE_PREFIX_PATH="$build/install;$sdk/executorch" >"$app.configure.log" 2>&1 ||
+  { tail -30 "$app.configure.log" >&2; fail "configure examples/cpp_module_app against the package"; }
+nice "$cmake_bin" --build "$app" >"$app.build.log" 2>&1 ||
+  { tail -30 "$app.build.log" >&2; fail "build examples/cpp_module_app"; }
+set +e
+QEMU_LD_PREFIX=/usr/$triple LD_LIBRARY_PATH=$build/install/lib:$sdk/executorch/lib:$cuda_lib:$sdk/cudnn/lib \
+  "$qemu" "$app/cpp_module_app" "$work/mlp.pte" >"$work/app.out" 2>&1
+app_rc=$?
+set -e
+sed 's/^/  | /' "$work/app.out"
+if [ $app_rc -eq 3 ] && grep -q "KilnBackend: registered, no usable CUDA GPU" "$work/app.out"; then
+  log "PASS package: cpp_module_app built against the installed aarch64 package runs under qemu, exit 3 (no GPU)"
+else
+  fail "package: cpp_module_app under qemu gave exit $app_rc, expected 3 (output above)"
+fi
+phase_done "package"
 log "PASS all in $((SECONDS - t_start)) s"
