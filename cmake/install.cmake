@@ -7,9 +7,9 @@
 # 1. `cmake --install build --prefix P`: the CMake package at P.
 # 2. The wheel (scikit-build-core, SKBUILD set): P = the Python package
 #    kiln_executorch_runtime/, plus the compiler extension in kiln/.
-# 3. Every build mirrors the layout into python/kiln_executorch_runtime/
-#    (git-ignored) so PYTHONPATH=python imports a working runtime package,
-#    as the compiler extension lands in python/kiln/.
+# 3. Every build (except a cross build) mirrors the layout into
+#    python/kiln_executorch_runtime/ (git-ignored) so PYTHONPATH=python imports
+#    a working runtime package, as the compiler extension lands in python/kiln/.
 if(NOT TARGET executorch_backend_kiln OR NOT TARGET kiln_caller_stream)
   return()
 endif()
@@ -81,6 +81,11 @@ if(SKBUILD)
 endif()
 
 # ---- in-tree mirror: python/kiln_executorch_runtime/ -------------------------
+# Not for a cross build (build-aarch64/): its libraries would replace the host
+# ones that `PYTHONPATH=python` imports.
+if(CMAKE_CROSSCOMPILING)
+  return()
+endif()
 set(_kiln_pkg ${PROJECT_SOURCE_DIR}/python/kiln_executorch_runtime)
 set(_kiln_stamp ${_kiln_gen}/mirror.stamp)
 add_custom_command(

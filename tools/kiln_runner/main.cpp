@@ -26,6 +26,7 @@
 
 #include "device_io.h"
 #include "green_context.h"
+#include "gpu_probe.h"
 #include "program_check.h"
 #include "runner_flags.h"
 #include "kiln/caller_stream.h"
@@ -93,10 +94,14 @@ void explain_kiln_unavailable(const et::MethodMeta& meta) {
     std::fprintf(stderr,
                  "kiln_runner: the model uses KilnBackend, which is not registered in this "
                  "binary (libexecutorch_backend_kiln.so not linked or not loaded)\n");
-  else if (!kiln->is_available())
+  else if (!kiln->is_available()) {
+    std::string cause = kiln::tools::describe_missing_gpu();
+    if (cause.empty()) cause = "the CUDA runtime sees a GPU, yet the backend does not";
     std::fprintf(stderr,
-                 "kiln_runner: this machine has no usable CUDA GPU: the Kiln backend reports "
-                 "itself unavailable, so the model's Kiln delegates cannot be initialized\n");
+                 "kiln_runner: this machine has no usable CUDA GPU (%s): the Kiln backend reports "
+                 "itself unavailable, so the model's Kiln delegates cannot be initialized\n",
+                 cause.c_str());
+  }
 }
 
 // Builds the method's inputs: from `given` (checked against the method) or
