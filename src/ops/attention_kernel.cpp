@@ -385,7 +385,134 @@ void emit_simt(std::ostream& s, const AttentionPlan& p, const std::string& name,
   k.block = 32 * kSimtRowsPerBlock;
 }
 
+// Decode-shaped attention (a few query rows per head, many keys: one new
+// token over a KV cache). The row-tiled kernels would give each head one
+// small block walking every key; here a block's warps split the keys, 32 at
+// a time (a lane scores one key for every row, then the lanes accumulate
+// their slice of the output over those keys), and the warps' partial
+// softmax states are merged in shared memory at the end.
+int decode_warps(const AttentionPlan& p) {
+  const int64_t per_warp = p.rows * (p.value_dim + 2) * 4;  // merge state bytes
+  for (int warps : {16, 8, 4})
+    if (warps * per_warp <= 40 * 1024 && p.keys >= 32 * warps) return warps;
+  return 4;
+}
+
+void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
+  const int64_t d = p.head_dim, dv = p.value_dim, rows = p.rows;
+  const int64_t per_lane = (dv + 31) / 32;
+  const int warps = decode_warps(p);
+  s << signature(p, name, 32 * warps) << " {\n"
+    << "  constexpr int kD = " << d << ", kDv = " << dv << ", kR = " << rows << ", kPer = " << per_lane
+    << ", kWarps = " << warps << ";\n"
+    << "  constexpr long long kKeys = " << ll(p.keys) << ";\n"
+    << "  __shared__ float qs[kR * kD];\n"
+    << "  __shared__ float part[kWarps * kR * (kDv + 2)];  // per warp and row: max, sum, output\n"
+    << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n";
+  emit_bases(s, p);
+  s << "  for (int c = threadIdx.x; c < kR * kD; c += " << 32 * warps << ")\n"
+    << "    qs[c] = " << load_expr(p.dtype, "qb[(long long)(c / kD) * " + ll(p.q_strides[2]) + " + c % kD]") << ";\n"
+    << "  __syncthreads();\n"
+    << "  float m_run[kR], l_run[kR], acc[kR][kPer];\n"
+    << "  #pragma unroll\n"
+    << "  for (int r = 0; r < kR; ++r) {\n"
+    << "    m_run[r] = KILN_NEG_INF; l_run[r] = 0.0f;\n"
+    << "    #pragma unroll\n"
+    << "    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;\n"
+    << "  }\n"
+    << "  for (long long n0 = (long long)warp * 32; n0 < kKeys; n0 += 32 * kWarps) {\n"
+    << "    const long long key = n0 + lane;\n"
+    << "    float x[kR];\n"
+    << "    #pragma unroll\n"
+    << "    for (int r = 0; r < kR; ++r) x[r] = 0.0f;\n"
+    << "    if (key < kKeys) {\n"
+    << "      const T* kr = kb + key * " << ll(p.k_strides[2]) << ";\n"
+    << "      for (int c = 0; c < kD; ++c) {\n"
+    << "        const float kv = " << load_expr(p.dtype, "kr[c]") << ";\n"
+    << "        #pragma unroll\n"
+    << "        for (int r = 0; r < kR; ++r) x[r] = fmaf(qs[r * kD + c], kv, x[r]);\n"
+    << "      }\n"
+    << "    }\n"
+    << "    #pragma unroll\n"
+    << "    for (int r = 0; r < kR; ++r) {\n"
+    << "      x[r] *= " << codegen::float_literal(p.scale * kLog2e) << ";\n"
+    << "      if (key >= kKeys) x[r] = KILN_NEG_INF;\n";
+  if (p.causal) s << "      else if (key > r) x[r] = KILN_NEG_INF;\n";
+  if (p.mask_kind != AttentionPlan::Mask::kNone) {
+    std::string upd = mask_update(p, "r", "key");
+    // mask_update writes to `x`; here the score is x[r].
+    size_t at;
+    while ((at = upd.find("x ")) != std::string::npos) upd.replace(at, 2, "x[r] ");
+    s << "      else { " << upd << " }\n";
+  }
+  s << "    }\n"
+    << "    float pr[kR];\n"
+    << "    #pragma unroll\n"
+    << "    for (int r = 0; r < kR; ++r) {\n"
+    << "      float mx = x[r];\n"
+    << "      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));\n"
+    << "      const float m_new = fmaxf(m_run[r], mx);\n"
+    << "      const float base = m_new == KILN_NEG_INF ? 0.0f : m_new;\n"
+    << "      const float alpha = exp2f(m_run[r] - base);\n"
+    << "      pr[r] = exp2f(x[r] - base);\n"
+    << "      float sum = pr[r];\n"
+    << "      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);\n"
+    << "      l_run[r] = l_run[r] * alpha + sum;\n"
+    << "      m_run[r] = m_new;\n"
+    << "      #pragma unroll\n"
+    << "      for (int i = 0; i < kPer; ++i) acc[r][i] *= alpha;\n"
+    << "    }\n"
+    << "    const int valid = (int)min(32LL, kKeys - n0);\n"
+    << "    for (int j = 0; j < valid; ++j) {\n"
+    << "      const T* vr = vb + (n0 + j) * " << ll(p.v_strides[2]) << ";\n"
+    << "      float vv[kPer];\n"
+    << "      #pragma unroll\n"
+    << "      for (int i = 0; i < kPer; ++i) vv[i] = lane + 32 * i < kDv ? " << load_expr(p.dtype, "vr[lane + 32 * i]")
+    << " : 0.0f;\n"
+    << "      #pragma unroll\n"
+    << "      for (int r = 0; r < kR; ++r) {\n"
+    << "        const float pj = __shfl_sync(0xffffffffu, pr[r], j);\n"
+    << "        #pragma unroll\n"
+    << "        for (int i = 0; i < kPer; ++i) acc[r][i] = fmaf(pj, vv[i], acc[r][i]);\n"
+    << "      }\n"
+    << "    }\n"
+    << "  }\n"
+    // Merge: every warp's (max, sum, output) per row, then one pass over (row, dim).
+    << "  #pragma unroll\n"
+    << "  for (int r = 0; r < kR; ++r) {\n"
+    << "    float* w = part + (warp * kR + r) * (kDv + 2);\n"
+    << "    if (lane == 0) { w[0] = m_run[r]; w[1] = l_run[r]; }\n"
+    << "    #pragma unroll\n"
+    << "    for (int i = 0; i < kPer; ++i)\n"
+    << "      if (lane + 32 * i < kDv) w[2 + lane + 32 * i] = acc[r][i];\n"
+    << "  }\n"
+    << "  __syncthreads();\n"
+    << "  for (int e = threadIdx.x; e < kR * kDv; e += " << 32 * warps << ") {\n"
+    << "    const int r = e / kDv, c = e % kDv;\n"
+    << "    float m = KILN_NEG_INF;\n"
+    << "    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, part[(w * kR + r) * (kDv + 2)]);\n"
+    << "    const float base = m == KILN_NEG_INF ? 0.0f : m;\n"
+    << "    float l = 0.0f, o = 0.0f;\n"
+    << "    for (int w = 0; w < kWarps; ++w) {\n"
+    << "      const float* pw = part + (w * kR + r) * (kDv + 2);\n"
+    << "      const float f = exp2f(pw[0] - base);\n"
+    << "      l = fmaf(pw[1], f, l);\n"
+    << "      o = fmaf(pw[2 + c], f, o);\n"
+    << "    }\n"
+    << "    ob[(long long)r * " << ll(p.out_strides[2]) << " + c] = " << store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f")
+    << ";\n"
+    << "  }\n"
+    << "}\n";
+  k.grid[0] = 1;
+  k.block = static_cast<uint32_t>(32 * warps);
+}
+
 }  // namespace
+
+bool attention_is_decode(const AttentionPlan& p) {
+  return p.rows <= kAttnDecodeMaxRows && p.keys >= 128 && p.head_dim <= kAttnMaxHeadDim &&
+         p.value_dim <= kAttnMaxHeadDim;
+}
 
 bool attention_uses_mma(const AttentionPlan& p) {
   if (!p.tensor_cores) return false;
@@ -407,7 +534,9 @@ AttentionKernel generate_attention_kernel(const AttentionPlan& p, const std::str
     << "] x " << p.keys << " keys" << (p.causal ? ", causal" : "") << "\n"
     << "#define T " << storage_type(p.dtype) << "\n";
   if (p.mask_kind != AttentionPlan::Mask::kNone) s << "#define M " << storage_type(p.dtype_mask) << "\n";
-  if (attention_uses_mma(p))
+  if (attention_is_decode(p))
+    emit_decode(s, p, name, k);
+  else if (attention_uses_mma(p))
     emit_mma(s, p, name, k);
   else
     emit_simt(s, p, name, k);

@@ -7,7 +7,10 @@
 //  * SIMT (float32, other head dims, older SMs): a warp owns one query row,
 //    a block 8 of them; tiles of 32 keys in shared memory as float; each lane
 //    scores one key, then every lane accumulates its slice of the output.
-// Both keep the running max/sum per row in float and write 0 for a row whose
+//  * decode (at most kAttnDecodeMaxRows query rows per head, 128 keys or
+//    more: one new token over a KV cache): a block's warps split the keys,
+//    32 at a time, and merge their partial softmax states at the end.
+// All keep the running max/sum per row in float and write 0 for a row whose
 // keys are all masked (as PyTorch's safe softmax). Shapes, strides, scale
 // and mask layout are baked in as constants.
 #pragma once
@@ -20,12 +23,16 @@
 namespace kiln::ops {
 
 constexpr int64_t kAttnMaxHeadDim = 128;
+constexpr int64_t kAttnDecodeMaxRows = 8;
 
 struct AttentionKernel {
   std::string source;
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block = 32;
 };
+
+// Whether `plan` is decode-shaped (few rows, many keys): the decode variant.
+bool attention_is_decode(const AttentionPlan& plan);
 
 // Whether the tensor-core variant can run `plan` (dtype, head dims, strides).
 bool attention_uses_mma(const AttentionPlan& plan);

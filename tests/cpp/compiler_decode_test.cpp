@@ -15,6 +15,7 @@
 #include "compiler_test_util.h"
 #include "host_kernel.h"
 #include "ops/argmax_ops.h"
+#include "ops/attention_kernel.h"
 #include "ops/rotary_ops.h"
 #include "passes/passes.h"
 
@@ -230,6 +231,96 @@ TEST(DecodeOps, RotaryKernelMatchesReference) {
       const double got = read_elem(c.dt, ob, static_cast<size_t>(i));
       ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want))) << "element " << i;
     }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// ---- decode-shaped attention -------------------------------------------------
+
+// A few query rows per head over many keys (a new token over a KV cache,
+// grouped-query heads stacked as rows), with a boolean position mask, against
+// softmax(q k^T * scale + mask) v in double.
+TEST(DecodeOps, DecodeAttentionMatchesReference) {
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    DType dt;
+    int64_t heads, rows, keys, dim;
+    int64_t visible;  // keys [0, visible) unmasked for row 0; row r sees one fewer per row
+  };
+  for (const Case& c : {Case{DType::kFloat32, 2, 2, 300, 64, 170}, Case{DType::kBFloat16, 3, 1, 768, 64, 513},
+                        Case{DType::kFloat16, 1, 4, 160, 128, 160}}) {
+    SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " rows " + std::to_string(c.rows));
+    ops::AttentionPlan p;
+    p.dtype = c.dt;
+    p.heads = p.kv_heads = c.heads;
+    p.rows = c.rows;
+    p.keys = c.keys;
+    p.head_dim = p.value_dim = c.dim;
+    p.q_strides = {c.heads * c.rows * c.dim, c.rows * c.dim, c.dim};
+    p.out_strides = p.q_strides;
+    p.k_strides = {c.heads * c.keys * c.dim, c.keys * c.dim, c.dim};
+    p.v_strides = p.k_strides;
+    p.mask_kind = ops::AttentionPlan::Mask::kBool;
+    p.dtype_mask = DType::kBool;
+    p.mask_strides = {0, 0, c.keys, 1};  // [rows, keys], broadcast over batch and heads
+    p.scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
+    ASSERT_TRUE(ops::attention_is_decode(p));
+    ops::AttentionKernel gen = ops::generate_attention_kernel(p, "kiln_decode_attention_test");
+    // The module's inline-PTX helpers are for the GPU; the decode kernel uses none.
+    std::string src = gen.source.substr(gen.source.find("// kiln_decode_attention_test"));
+    src = "#define KILN_NEG_INF (-INFINITY)\n" + src;
+    const std::string wrapped = testing::host_prelude() + src +
+                                "\nextern \"C\" void kiln_test_launch(void** args, unsigned block) {\n"
+                                "  kiln_shim_launch_blocks(&kiln_decode_attention_test, args, 1, block,\n"
+                                "      kiln_shim::Order::kLowWarpFirst);\n}\n";
+    void* lib = testing::build_host_module(wrapped, "decode_attention_" + std::string(engine::dtype_name(c.dt)),
+                                           KILN_BLOCK_SHIM_HEADER);
+    ASSERT_NE(lib, nullptr);
+    auto launch = reinterpret_cast<void (*)(void**, unsigned)>(dlsym(lib, "kiln_test_launch"));
+    ASSERT_NE(launch, nullptr);
+    const int64_t nq = c.heads * c.rows * c.dim, nk = c.heads * c.keys * c.dim;
+    std::vector<uint8_t> q = random_bytes(c.dt, nq, rng), k = random_bytes(c.dt, nk, rng),
+                         v = random_bytes(c.dt, nk, rng), out(static_cast<size_t>(nq) * engine::dtype_size(c.dt));
+    std::vector<uint8_t> mask(static_cast<size_t>(c.rows * c.keys));
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t j = 0; j < c.keys; ++j) mask[static_cast<size_t>(r * c.keys + j)] = j < c.visible - r;
+    // One launch per head (blockIdx.y), as the grid would.
+    for (int64_t h = 0; h < c.heads; ++h) {
+      void* ptr[] = {q.data() + h * c.rows * c.dim * engine::dtype_size(c.dt),
+                     k.data() + h * c.keys * c.dim * engine::dtype_size(c.dt),
+                     v.data() + h * c.keys * c.dim * engine::dtype_size(c.dt), mask.data(),
+                     out.data() + h * c.rows * c.dim * engine::dtype_size(c.dt)};
+      void* args[] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4]};
+      launch(args, gen.block);
+    }
+    const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t r = 0; r < c.rows; ++r) {
+        std::vector<double> score(static_cast<size_t>(c.keys));
+        double m = -INFINITY, l = 0;
+        for (int64_t j = 0; j < c.keys; ++j) {
+          double x = 0;
+          for (int64_t e = 0; e < c.dim; ++e)
+            x += read_elem(c.dt, q, static_cast<size_t>((h * c.rows + r) * c.dim + e)) *
+                 read_elem(c.dt, k, static_cast<size_t>((h * c.keys + j) * c.dim + e));
+          score[static_cast<size_t>(j)] = mask[static_cast<size_t>(r * c.keys + j)] ? x * p.scale : -INFINITY;
+          m = std::max(m, score[static_cast<size_t>(j)]);
+        }
+        for (double& x : score) l += (x = std::exp(x - m));
+        for (int64_t e = 0; e < c.dim; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j < c.keys; ++j)
+            o += score[static_cast<size_t>(j)] * read_elem(c.dt, v, static_cast<size_t>((h * c.keys + j) * c.dim + e));
+          const double want = round_to(c.dt, o / l);
+          const double got = read_elem(c.dt, out, static_cast<size_t>((h * c.rows + r) * c.dim + e));
+          ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want))) << "head " << h << " row " << r << " dim " << e;
+        }
+      }
   }
 }
 

@@ -163,6 +163,23 @@ inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   return other;
 }
 
+// Lane `src` of this thread's warp broadcasts `v`.
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffles move at most 8 bytes");
+  kiln_shim::Block& b = kiln_shim::block();
+  const unsigned me = b.current;
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  b.exchange[me] = bits;
+  kiln_shim::wait(kiln_shim::State::kWarpBarrier);
+  bits = b.exchange[(me & ~31u) | (static_cast<unsigned>(src) & 31u)];
+  kiln_shim::wait(kiln_shim::State::kWarpBarrier);
+  T other;
+  std::memcpy(&other, &bits, sizeof(T));
+  return other;
+}
+
 // kiln_shim_launch for cooperating kernels: each block's threads as fibers.
 template <class... A>
 void kiln_shim_launch_blocks(void (*f)(A...), void** args, unsigned grid, unsigned block_threads,
