@@ -13,6 +13,7 @@
 
 #include "runtime/cuda_check.h"
 #include "runtime/engine.h"
+#include "runtime/log.h"
 #include "runtime/step_runtime.h"
 
 namespace kiln::runtime {
@@ -22,18 +23,13 @@ using engine::KernelArgKind;
 using engine::KernelModule;
 using engine::StepKind;
 
-// "sm_87, sm_90 (PTX compute_90)": what a module carries, for error messages.
+// "cubins for sm_80, sm_90 and PTX for compute_80": what a module carries,
+// for the JIT line and the refusal.
 std::string describe_code(const KernelModule& m) {
   std::string text;
-  for (const auto& cubin : m.cubins) {
-    if (!text.empty()) text += ", ";
-    text += "sm_" + std::to_string(cubin.sm);
-  }
-  if (text.empty()) text = "no SM";
-  if (m.ptx.empty())
-    text += " (no PTX)";
-  else
-    text += " (PTX compute_" + std::to_string(m.ptx_sm) + ")";
+  for (const auto& cubin : m.cubins) text += (text.empty() ? "cubins for sm_" : ", sm_") + std::to_string(cubin.sm);
+  if (text.empty()) text = "no cubin";
+  text += m.ptx.empty() ? " and no PTX" : " and PTX for compute_" + std::to_string(m.ptx_sm);
   return text;
 }
 
@@ -164,11 +160,19 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
     if (image == nullptr && !m.ptx.empty() && m.ptx_sm <= sm) {
       image = m.ptx.c_str();  // NUL-terminated, as the loader requires
       which = "PTX compute_" + std::to_string(m.ptx_sm);
+      // Once per module and load (a shared engine loads once per GPU): the
+      // JIT costs load time, and says the engine was not built for this GPU.
+      log_message(LogLevel::kInfo,
+                  "engine module '%s' has no cubin for this GPU (sm_%u; it carries %s): JIT-compiling its PTX "
+                  "(compute_%u) with the driver; export with target_sms including %u to skip this",
+                  m.name.c_str(), sm, describe_code(m).c_str(), m.ptx_sm, sm);
     }
     if (image == nullptr)
       return make_status(StatusCode::kIncompatible,
-                         "engine module '%s' has code for %s; this GPU is sm_%u", m.name.c_str(),
-                         describe_code(m).c_str(), sm);
+                         "engine module '%s' has no code this GPU can run: this GPU is sm_%u; the engine carries "
+                         "%s (a cubin must be for sm_%u, PTX for compute_%u or older); export with target_sms "
+                         "including %u",
+                         m.name.c_str(), sm, describe_code(m).c_str(), sm, sm, sm);
 
     // The JIT's error log says why PTX failed to compile; keep it for the message.
     // Only passed for PTX: a cubin involves no compiler.
