@@ -266,7 +266,7 @@ void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t
     const auto now = Clock::now();
     for (SmTask& t : tasks) {
       if (t.done && !t.reported && !t.error && now - start >= kQuiet)
-        lines.push_back("NVRTC: " + name + " for sm_" + std::to_string(t.sm) + " done in " + seconds_text(t.seconds));
+        lines.push_back("NVRTC: " + name + " cubin for sm_" + std::to_string(t.sm) + " done in " + seconds_text(t.seconds));
       if (t.done) t.reported = true;
     }
     if (lines.empty() && !all_done && now - last_line >= kHeartbeat) {

@@ -1,7 +1,8 @@
 // Generated-kernel steps, run side: at load, every kernel module is loaded
-// (cubin for this SM, else PTX) and every kernel step's function resolved and
-// checked against the GPU; per context, each step's parameter array is built
-// once and launched with cudaLaunchKernel. The format half is
+// (the cubin for this SM or an older minor of its major, else PTX) and every
+// kernel step's function resolved and checked against the GPU; per context,
+// each step's parameter array is built once and launched with
+// cudaLaunchKernel. The format half is
 // engine_format/steps/kernel_step_format.cpp.
 #include <algorithm>
 #include <map>
@@ -151,10 +152,16 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
   for (const KernelModule& m : desc.modules) {
     const void* image = nullptr;
     std::string which;
+    // The cubin for this SM, else the newest one of the same major SM and an
+    // older minor (CUDA runs sm_X.y machine code on sm_X.z for z >= y: an
+    // sm_100 cubin on a B300, sm_103; sm_120 on sm_121).
+    uint32_t best = 0;
     for (const auto& cubin : m.cubins) {
-      if (cubin.sm == sm) {
+      const bool fits = cubin.sm == sm || (cubin.sm / 10 == sm / 10 && cubin.sm < sm);
+      if (fits && (cubin.sm == sm || cubin.sm > best) && best != sm) {
+        best = cubin.sm;
         image = cubin.image.data();
-        which = "cubin sm_" + std::to_string(sm);
+        which = "cubin sm_" + std::to_string(cubin.sm);
       }
     }
     if (image == nullptr && !m.ptx.empty() && m.ptx_sm <= sm) {
@@ -170,9 +177,9 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
     if (image == nullptr)
       return make_status(StatusCode::kIncompatible,
                          "engine module '%s' has no code this GPU can run: this GPU is sm_%u; the engine carries "
-                         "%s (a cubin must be for sm_%u, PTX for compute_%u or older); export with target_sms "
-                         "including %u",
-                         m.name.c_str(), sm, describe_code(m).c_str(), sm, sm, sm);
+                         "%s (a cubin must be for sm_%u or an older minor of sm_%ux, PTX for compute_%u or "
+                         "older); export with target_sms including %u",
+                         m.name.c_str(), sm, describe_code(m).c_str(), sm, sm / 10, sm, sm);
 
     // The JIT's error log says why PTX failed to compile; keep it for the message.
     // Only passed for PTX: a cubin involves no compiler.
