@@ -16,6 +16,7 @@
 #include "runtime/engine.h"
 #include "runtime/log.h"
 #include "runtime/step_runtime.h"
+#include "runtime/steps/kernel_code_choice.h"
 
 namespace kiln::runtime {
 namespace {
@@ -23,16 +24,6 @@ namespace {
 using engine::KernelArgKind;
 using engine::KernelModule;
 using engine::StepKind;
-
-// "cubins for sm_80, sm_90 and PTX for compute_80": what a module carries,
-// for the JIT line and the refusal.
-std::string describe_code(const KernelModule& m) {
-  std::string text;
-  for (const auto& cubin : m.cubins) text += (text.empty() ? "cubins for sm_" : ", sm_") + std::to_string(cubin.sm);
-  if (text.empty()) text = "no cubin";
-  text += m.ptx.empty() ? " and no PTX" : " and PTX for compute_" + std::to_string(m.ptx_sm);
-  return text;
-}
 
 size_t kernel_arg_bytes(KernelArgKind kind) {
   switch (kind) {
@@ -150,40 +141,22 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
   const uint32_t sm = static_cast<uint32_t>(device.sm);
   out->libraries.reserve(desc.modules.size());
   for (const KernelModule& m : desc.modules) {
-    const void* image = nullptr;
-    std::string which;
-    // The cubin for this SM, else the newest one of the same major SM and an
-    // older minor (CUDA runs sm_X.y machine code on sm_X.z for z >= y: an
-    // sm_100 cubin on a B300, sm_103; sm_120 on sm_121).
-    uint32_t best = 0;
-    for (const auto& cubin : m.cubins) {
-      const bool fits = cubin.sm == sm || (cubin.sm / 10 == sm / 10 && cubin.sm < sm);
-      if (fits && (cubin.sm == sm || cubin.sm > best) && best != sm) {
-        best = cubin.sm;
-        image = cubin.image.data();
-        which = "cubin sm_" + std::to_string(cubin.sm);
-      }
-    }
-    if (image == nullptr && !m.ptx.empty() && m.ptx_sm <= sm) {
-      image = m.ptx.c_str();  // NUL-terminated, as the loader requires
-      which = "PTX compute_" + std::to_string(m.ptx_sm);
+    Result<KernelCode> chosen = choose_kernel_code(m, sm);
+    if (!chosen.is_ok()) return chosen.status();
+    const void* image = chosen->image;
+    const bool from_ptx = chosen->from_ptx;
+    const std::string& which = chosen->which;
+    if (from_ptx) {
       // Once per module and load (a shared engine loads once per GPU): the
       // JIT costs load time, and says the engine was not built for this GPU.
       log_message(LogLevel::kInfo,
                   "engine module '%s' has no cubin for this GPU (sm_%u; it carries %s): JIT-compiling its PTX "
                   "(compute_%u) with the driver; export with target_sms including %u to skip this",
-                  m.name.c_str(), sm, describe_code(m).c_str(), m.ptx_sm, sm);
+                  m.name.c_str(), sm, describe_kernel_code(m).c_str(), m.ptx_sm, sm);
     }
-    if (image == nullptr)
-      return make_status(StatusCode::kIncompatible,
-                         "engine module '%s' has no code this GPU can run: this GPU is sm_%u; the engine carries "
-                         "%s (a cubin must be for sm_%u or an older minor of sm_%ux, PTX for compute_%u or "
-                         "older); export with target_sms including %u",
-                         m.name.c_str(), sm, describe_code(m).c_str(), sm, sm / 10, sm, sm);
 
     // The JIT's error log says why PTX failed to compile; keep it for the message.
     // Only passed for PTX: a cubin involves no compiler.
-    const bool from_ptx = image == static_cast<const void*>(m.ptx.c_str());
     char error_log[2048] = {0};
     cudaJitOption options[] = {cudaJitErrorLogBuffer, cudaJitErrorLogBufferSizeBytes};
     void* option_values[] = {error_log,
