@@ -71,9 +71,20 @@ if ls "$bundle"/llm/*/manifest.json >/dev/null 2>&1 && [ -x build-gpu/examples/l
 else
   echo "($bundle/llm not carried: generation example test skipped)"
 fi
+# Which code an engine's kernels load with: its cubin for this GPU, a JIT of
+# its PTX, or a refusal naming both SMs (issue 14; files from
+# tests/gpu/export_sm_targets.py).
+sm_failed=0
+if [ -f "$bundle/sm_targets/manifest.json" ]; then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/sm_targets_test.py --files "$bundle/sm_targets" \
+    --runner build-gpu/tools/kiln_runner/kiln_runner --out "$out" || sm_failed=1
+else
+  echo "($bundle/sm_targets not carried: SM-targets test skipped)"
+fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
-  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$llm_failed" = 0 ]
+  [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] &&
+    [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ]
   exit
 fi
 
@@ -97,4 +108,4 @@ if [ "$app_failed" = 0 ]; then
     { echo "FAIL  consumer app exit $?"; app_failed=1; }
 fi
 [ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
-  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$llm_failed" = 0 ]
+  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ]

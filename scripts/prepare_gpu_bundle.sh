@@ -3,7 +3,8 @@
 # itself into .gpu_carry/ (git-ignored; pass it as a carried path): the
 # ExecuTorch C++ SDK from the wheel, the exported sample models (models/) and
 # op conformance models (conformance/) with their weights and manifests, the
-# two-method models of the multi-method test (multi_method/), the
+# two-method models of the multi-method test (multi_method/), the SM-targets
+# test's models (sm_targets/), the
 # commit they came from, and the benchmark models (benchmarks/export_models.py:
 # xz archives in carry groups vision_a, vision_b, ...). Each carried call
 # holds at most 64 MiB, so carry executorch_sdk + COMMIT with EITHER models/
@@ -27,6 +28,9 @@ python3 tests/gpu/export_conformance.py --out "$bundle/conformance"
 # Several methods in one .pte, weights stored once (about 11 MB).
 rm -rf "$bundle/multi_method"
 PYTHONPATH=python python3 tests/gpu/export_multi_method.py --out "$bundle/multi_method"
+# One model for several target_sms: cubin, PTX JIT and refusal (about 1 MB).
+rm -rf "$bundle/sm_targets"
+PYTHONPATH=python python3 tests/gpu/export_sm_targets.py --out "$bundle/sm_targets"
 if [ "${KILN_SKIP_VISION:-0}" = 1 ]; then
   echo "vision export skipped (KILN_SKIP_VISION=1); kept: $(ls -d "$bundle"/vision_* 2>/dev/null | tr '\n' ' ')"
 else

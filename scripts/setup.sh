@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what Kiln needs on a fresh Debian/Ubuntu machine (as root, or with
-# sudo available) and builds it into build/. Safe to run again: installed
-# packages are kept and the build is incremental.
+# sudo available), builds it into build/ and installs this checkout's Python
+# packages (kiln, kiln_executorch_runtime) in place into the interpreter it
+# used ($PYTHON, else python3), so `import kiln` and `python3 -m kiln` work
+# without PYTHONPATH. Safe to run again: installed packages are kept and the
+# build is incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,4 +48,8 @@ log "configuring with $($cmake_bin --version | head -1), ExecuTorch at $et_prefi
 log "building (log: build/build.log)"
 "$cmake_bin" --build build -j"$(nproc)" >build/build.log 2>&1 || {
   tail -50 build/build.log >&2; exit 1; }
-log "done: build/ holds kiln_runner, the delegate and the tests; python/kiln holds the compiler extension"
+# 4. The Python packages, in place: a .pth naming this checkout's python/
+#    (scripts/install_editable.py; replaces any other kiln in this interpreter).
+$python scripts/install_editable.py || exit 1
+log "done: build/ holds kiln_runner, the delegate and the tests; python/kiln holds the compiler extension;" \
+  "kiln and kiln_executorch_runtime are installed from $PWD/python into $($python -c 'import sys; print(sys.executable)')"

@@ -275,8 +275,9 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
       enabled_precisions: dtypes engines may compute in, a subset of
         {torch.float32, torch.float16, torch.bfloat16}.
       min_block_size: partitions with fewer ops stay on the CPU.
-      target_sms: GPU architectures to build machine code for (>= 70); PTX is
-        added for the newest so newer GPUs can JIT it.
+      target_sms: GPU architectures to build cubins for (75 or newer; default
+        every SM from 80 to 120 that CUDA 13 builds for); PTX for the oldest
+        is added so a GPU with no cubin here can JIT it.
       use_cuda_graphs: baked into the engines; None leaves it to the runtime.
       conv_gemm: 1x1 convolutions as cuBLASLt GEMMs: "all" (strided ones
         through a gather kernel, and so are convolutions whose kernel equals

@@ -28,7 +28,11 @@ CONV_GEMM_MODES = ("all", "unstrided", "none")
 
 # NVRTC in CUDA 13 (what the compiler links) builds for sm_75 and newer.
 MIN_SM = 75
-DEFAULT_TARGET_SMS = (87, 90)
+# A cubin for each SM NVRTC 13 builds for from Ampere on (A100, RTX 30xx,
+# Jetson Orin, RTX 40xx/L4, H100/H200, B200, Jetson Thor, RTX 50xx), plus PTX
+# for the oldest, sm_80, which any newer GPU can JIT. Same list as
+# CompileOptions::target_sms (src/compiler/compiler.h).
+DEFAULT_TARGET_SMS = (80, 86, 87, 89, 90, 100, 110, 120)
 
 
 @dataclass(frozen=True)

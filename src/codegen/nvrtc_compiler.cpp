@@ -1,5 +1,6 @@
 #include "codegen/nvrtc_compiler.h"
 
+#include <nvJitLink.h>
 #include <nvrtc.h>
 
 #include <algorithm>
@@ -24,6 +25,13 @@ using Clock = std::chrono::steady_clock;
 
 void check(nvrtcResult result, const char* what) {
   if (result != NVRTC_SUCCESS) throw CompileError(std::string(what) + ": " + nvrtcGetErrorString(result));
+}
+
+// nvJitLink has no error-string function; its result codes are named here.
+void check(nvJitLinkResult result, const char* what, const std::string& context) {
+  if (result == NVJITLINK_SUCCESS) return;
+  throw CompileError(std::string(what) + " failed (nvJitLinkResult " + std::to_string(static_cast<int>(result)) +
+                     ") " + context);
 }
 
 struct ProgramDeleter {
@@ -63,15 +71,15 @@ std::string program_ptx(const Program& program) {
   return ptx;
 }
 
-// What one sm_XX compile yields: its cubin and the PTX NVRTC made on the way.
+// A cached result: the PTX of a compute_XX compile, or one SM's cubin.
 struct Artifact {
   std::vector<uint8_t> cubin;
   std::string ptx;
 };
 using ArtifactPtr = std::shared_ptr<const Artifact>;
 
-// Results by (arch, module name, source); the whole key is kept, so two
-// sources never share an entry. Bounded by size, oldest dropped first.
+// Results by (what was built, module name, source); the whole key is kept,
+// so two sources never share an entry. Bounded by size, oldest dropped first.
 class Cache {
  public:
   static constexpr uint64_t kMaxBytes = uint64_t(256) << 20;  // a few large models
@@ -83,9 +91,10 @@ class Cache {
     ++stats_.hits;
     return it->second;
   }
-  void put(const std::string& key, ArtifactPtr artifact) {
+  // `assembled`: a PTX->cubin step (nvJitLink), else an NVRTC compile.
+  void put(const std::string& key, ArtifactPtr artifact, bool assembled) {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.compiles;
+    ++(assembled ? stats_.assembles : stats_.compiles);
     if (!entries_.emplace(key, artifact).second) return;
     order_.push_back(key);
     stats_.bytes += cost(key, *artifact);
@@ -96,10 +105,6 @@ class Cache {
       order_.pop_front();
     }
     stats_.entries = entries_.size();
-  }
-  void count_compile() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.compiles;
   }
   NvrtcCacheStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -134,23 +139,60 @@ std::string cache_key(const std::string& arch, const std::string& name, const st
   return key;
 }
 
-ArtifactPtr compile_sm(const std::string& name, const std::string& source, uint32_t sm) {
-  const std::string arch = "sm_" + std::to_string(sm);
+// NVRTC's PTX for compute_<sm>: the one front-end compile a module gets.
+ArtifactPtr compile_ptx(const std::string& name, const std::string& source, uint32_t sm) {
+  const std::string arch = "compute_" + std::to_string(sm);
   const std::string key = cache_key(arch, name, source);
   if (ArtifactPtr hit = cache().find(key)) return hit;
   Program program = compile(name, source, arch);
   auto artifact = std::make_shared<Artifact>();
-  size_t size = 0;
-  check(nvrtcGetCUBINSize(*program, &size), "nvrtcGetCUBINSize");
-  artifact->cubin.resize(size);
-  check(nvrtcGetCUBIN(*program, reinterpret_cast<char*>(artifact->cubin.data())), "nvrtcGetCUBIN");
   artifact->ptx = program_ptx(program);
-  cache().put(key, artifact);
+  if (artifact->ptx.empty()) throw CompileError("NVRTC produced no PTX for module '" + name + "'");
+  cache().put(key, artifact, false);
+  return artifact;
+}
+
+struct LinkDeleter {
+  void operator()(nvJitLinkHandle* h) const {
+    nvJitLinkDestroy(h);
+    delete h;
+  }
+};
+
+// The cubin for sm_<sm> from `ptx` (compute_<ptx_sm>), by nvJitLink (ptxas).
+ArtifactPtr assemble(const std::string& name, const std::string& source, const std::string& ptx, uint32_t ptx_sm,
+                     uint32_t sm) {
+  const std::string arch = "sm_" + std::to_string(sm);
+  const std::string key = cache_key(arch + "<compute_" + std::to_string(ptx_sm), name, source);
+  if (ArtifactPtr hit = cache().find(key)) return hit;
+  const std::string context = "assembling module '" + name + "' for " + arch;
+  const std::string arch_flag = "-arch=" + arch;
+  const char* options[] = {arch_flag.c_str()};
+  std::unique_ptr<nvJitLinkHandle, LinkDeleter> link(new nvJitLinkHandle(nullptr));
+  check(nvJitLinkCreate(link.get(), 1, options), "nvJitLinkCreate", context);
+  nvJitLinkResult result = nvJitLinkAddData(*link, NVJITLINK_INPUT_PTX, ptx.data(), ptx.size(), name.c_str());
+  if (result == NVJITLINK_SUCCESS) result = nvJitLinkComplete(*link);
+  if (result != NVJITLINK_SUCCESS) {
+    size_t log_size = 0;
+    std::string log;
+    if (nvJitLinkGetErrorLogSize(*link, &log_size) == NVJITLINK_SUCCESS && log_size > 1) {
+      log.resize(log_size);
+      if (nvJitLinkGetErrorLog(*link, log.data()) != NVJITLINK_SUCCESS) log.clear();
+      while (!log.empty() && log.back() == '\0') log.pop_back();
+    }
+    check(result, "nvJitLink", context + (log.empty() ? "" : ":\n" + log));
+  }
+  auto artifact = std::make_shared<Artifact>();
+  size_t size = 0;
+  check(nvJitLinkGetLinkedCubinSize(*link, &size), "nvJitLinkGetLinkedCubinSize", context);
+  artifact->cubin.resize(size);
+  check(nvJitLinkGetLinkedCubin(*link, artifact->cubin.data()), "nvJitLinkGetLinkedCubin", context);
+  cache().put(key, artifact, true);
   return artifact;
 }
 
 // Worker threads for the SMs: KILN_NVRTC_THREADS when set (>= 1), else the
-// machine's cores. NVRTC compiles separate programs concurrently.
+// machine's cores. nvJitLink assembles separate handles concurrently.
 unsigned thread_count(size_t tasks) {
   unsigned n = std::max(1u, std::thread::hardware_concurrency());
   if (const char* env = std::getenv("KILN_NVRTC_THREADS")) {
@@ -175,12 +217,12 @@ std::string seconds_text(double s) {
   return buffer;
 }
 
-// Runs the SM compiles on worker threads; the calling thread reports
+// Runs the per-SM assembly (`build_sm`) on worker threads; the calling thread reports
 // progress (a line per SM once the compile has run a few seconds, and a
 // line every kHeartbeat while it runs) and rethrows the first error, in SM
 // order, once every thread is joined.
-void run_tasks(const std::string& name, const std::string& source, std::vector<SmTask>& tasks,
-               const std::function<void(const std::string&)>& progress) {
+void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t)>& build_sm,
+               std::vector<SmTask>& tasks, const std::function<void(const std::string&)>& progress) {
   constexpr auto kQuiet = std::chrono::seconds(3);      // shorter compiles say nothing more
   constexpr auto kHeartbeat = std::chrono::seconds(10);
   const auto start = Clock::now();
@@ -200,7 +242,7 @@ void run_tasks(const std::string& name, const std::string& source, std::vector<S
       ArtifactPtr result;
       std::exception_ptr error;
       try {
-        result = compile_sm(name, source, task.sm);
+        result = build_sm(task.sm);
       } catch (...) {
         error = std::current_exception();
       }
@@ -224,7 +266,7 @@ void run_tasks(const std::string& name, const std::string& source, std::vector<S
     const auto now = Clock::now();
     for (SmTask& t : tasks) {
       if (t.done && !t.reported && !t.error && now - start >= kQuiet)
-        lines.push_back("NVRTC: " + name + " for sm_" + std::to_string(t.sm) + " done in " + seconds_text(t.seconds));
+        lines.push_back("NVRTC: " + name + " cubin for sm_" + std::to_string(t.sm) + " done in " + seconds_text(t.seconds));
       if (t.done) t.reported = true;
     }
     if (lines.empty() && !all_done && now - last_line >= kHeartbeat) {
@@ -265,13 +307,22 @@ engine::KernelModule compile_module(const std::string& name, const std::string& 
   engine::KernelModule module;
   module.name = name;
   module.source = source;
+  // One NVRTC front-end compile, for the oldest SM: its PTX runs on every
+  // target (the planner chose kernels for that SM: OpOptions::min_target_sm).
+  const uint32_t oldest = *std::min_element(target_sms.begin(), target_sms.end());
+  const auto t0 = Clock::now();
+  ArtifactPtr ptx = compile_ptx(name, source, oldest);
+  const double ptx_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (progress && ptx_seconds >= 3.0)
+    progress("NVRTC: " + name + " to PTX compute_" + std::to_string(oldest) + " in " + seconds_text(ptx_seconds));
   std::vector<SmTask> tasks;
   for (uint32_t sm : target_sms) {
     SmTask task;
     task.sm = sm;
     tasks.push_back(task);
   }
-  run_tasks(name, source, tasks, progress);
+  run_tasks(
+      name, [&](uint32_t sm) { return assemble(name, source, ptx->ptx, oldest, sm); }, tasks, progress);
   for (const SmTask& task : tasks) {
     engine::CubinImage image;
     image.sm = task.sm;
@@ -279,21 +330,10 @@ engine::KernelModule compile_module(const std::string& name, const std::string& 
     module.cubins.push_back(std::move(image));
   }
   if (emit_ptx) {
-    // The newest SM's compile already made the compute_<newest> PTX.
-    uint32_t newest = *std::max_element(target_sms.begin(), target_sms.end());
-    const SmTask& task = *std::find_if(tasks.begin(), tasks.end(), [&](const SmTask& t) { return t.sm == newest; });
-    module.ptx = task.result->ptx.empty() ? compile_ptx_only(name, source, newest) : task.result->ptx;
-    module.ptx_sm = newest;
+    module.ptx = ptx->ptx;
+    module.ptx_sm = oldest;
   }
   return module;
-}
-
-std::string compile_ptx_only(const std::string& name, const std::string& source, uint32_t sm) {
-  cache().count_compile();
-  Program program = compile(name, source, "compute_" + std::to_string(sm));
-  std::string ptx = program_ptx(program);
-  if (ptx.empty()) throw CompileError("NVRTC produced no PTX for module '" + name + "'");
-  return ptx;
 }
 
 std::string nvrtc_version() {

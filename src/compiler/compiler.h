@@ -21,9 +21,10 @@
 namespace kiln::compiler {
 
 struct CompileOptions {
-  // SMs to build cubins for; PTX is added for the newest one so newer GPUs can
-  // JIT it.
-  std::vector<uint32_t> target_sms = {87, 90};
+  // SMs to build cubins for: by default every SM NVRTC 13 builds for from
+  // Ampere on (python/kiln/_options.py DEFAULT_TARGET_SMS is the same list).
+  // PTX is added for the oldest one, so GPUs without a cubin here JIT it.
+  std::vector<uint32_t> target_sms = {80, 86, 87, 89, 90, 100, 110, 120};
   bool emit_ptx = true;
   // Dtypes the engine may compute in. A float32 graph with float16 (or
   // bfloat16) enabled computes in that dtype internally and casts at the

@@ -82,3 +82,9 @@ gtest_discover_tests(kiln_runtime_gemm_autotune_tests)
 add_executable(kiln_named_weight_cache_tests named_weight_cache_test.cpp)
 target_link_libraries(kiln_named_weight_cache_tests PRIVATE kiln_runtime Threads::Threads GTest::gtest_main)
 gtest_discover_tests(kiln_named_weight_cache_tests)
+
+# Which code of a kernel module a GPU runs: cubin, same-major cubin, PTX or a
+# refusal (no GPU needed).
+add_executable(kiln_kernel_code_choice_tests kernel_code_choice_test.cpp)
+target_link_libraries(kiln_kernel_code_choice_tests PRIVATE kiln_runtime GTest::gtest_main)
+gtest_discover_tests(kiln_kernel_code_choice_tests)

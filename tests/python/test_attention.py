@@ -119,6 +119,22 @@ def test_tensor_core_kernel_needs_sm80():
     assert _labels(compiled).count("attention") == 1
 
 
+def test_default_targets_keep_the_tensor_core_kernel_for_every_sm():
+    # The default SMs start at sm_80, the oldest with the m16n8k16 mma,
+    # cp.async and ldmatrix the fast kernel uses: every cubin (sm_90 included)
+    # and the compute_80 PTX carry that kernel, not the SIMT fallback. No
+    # generated kernel has a faster sm_90-only path, so one choice for all SMs
+    # loses nothing.
+    torch.manual_seed(0)
+    compiled = _compile(ca.SelfAttention(), torch.randn(2, 50, 64), precision=torch.float16)
+    (module,) = lowered_modules(compiled.edge_program_manager)
+    info = native().inspect_engine(module.processed_bytes)
+    (code,) = info["modules"]
+    assert code["sms"] == [80, 86, 87, 89, 90, 100, 110, 120] and code["ptx_sm"] == 80
+    assert "kiln_mma_f16(sc[j]" in code["source"] and "cp.async" in code["source"]
+    assert "__CUDA_ARCH__" not in code["source"]
+
+
 def test_head_dim_over_the_kernel_limit_is_not_fused():
     # 2 heads of 160: the attention stays as its ops (or goes to the CPU);
     # the export still succeeds.

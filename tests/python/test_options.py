@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kiln
+from kiln import _options as kiln_options
 from kiln._options import KilnOptions, validate_options
 
 from _helpers import MLP
@@ -61,6 +62,15 @@ def test_bad_options(mlp_program, kwargs, error, message):
 def test_bad_arg_inputs(mlp_program, arg_inputs, error, message):
     with pytest.raises(error, match=message):
         kiln.compile(mlp_program, arg_inputs=arg_inputs)
+
+
+def test_default_target_sms_cover_every_sm_cuda13_builds_from_ampere_on():
+    options = validate_options()
+    assert options.target_sms == kiln_options.DEFAULT_TARGET_SMS == (80, 86, 87, 89, 90, 100, 110, 120)
+    assert options.emit_ptx
+    specs = {s.key: s.value for s in options.to_compile_specs()}
+    assert specs["target_sms"] == b"80,86,87,89,90,100,110,120"
+    assert kiln_options.KilnOptions.from_compile_specs(options.to_compile_specs()).target_sms == options.target_sms
 
 
 def test_options_normalize_and_round_trip_through_compile_specs():

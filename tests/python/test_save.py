@@ -22,7 +22,7 @@ def test_save_writes_a_pte(compiled_mlp, tmp_path):
     assert [backend for backend, _, _ in engines] == ["KilnBackend"]
     backend, specs, blob = engines[0]
     assert blob[:8] == b"KILNENG\0"
-    assert specs["target_sms"] == b"87,90"
+    assert specs["target_sms"] == b"80,86,87,89,90,100,110,120"
     info = kiln._kiln_compiler.inspect_engine(blob)
     # The fp32 MLP's weights all live in the program's named data, once each.
     assert info["weights_bytes"] == 0

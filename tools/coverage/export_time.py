@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Times one export (torch.export + kiln.compile + kiln.save) of a zoo model,
-the way a user exports it: default target SMs (sm_87, sm_90 + PTX), batch 1,
+the way a user exports it: default target SMs (sm_80 ... sm_120 + PTX), batch 1,
 float32 or float16 (model.half(), enabled_precisions={float16}). Prints one
 JSON line with wall seconds and this process's CPU seconds (user + sys,
 children included: NVRTC runs in-process), so runs on a shared machine can
@@ -9,7 +9,7 @@ the .pte, so two builds of the compiler can be checked to make the same
 bytes.
 
     PYTHONPATH=python python3 tools/coverage/export_time.py resnet50 float16 \\
-        [--profile out.prof] [--target-sms 87,90] [--device-io]
+        [--profile out.prof] [--target-sms 87,90 (default: kiln's)] [--device-io]
 
 --profile writes a cProfile of the export (read it with
 ``python3 -m pstats``); --device-io saves with
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("dtype", choices=("float32", "float16"))
-    parser.add_argument("--target-sms", default="87,90")
+    parser.add_argument("--target-sms", default="", help="comma-separated SMs; default: kiln's default list")
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--device-io", action="store_true")
     args = parser.parse_args(argv)
@@ -60,7 +60,9 @@ def main(argv=None) -> int:
         from export_models import device_resident_config
 
         config = device_resident_config()
-    sms = tuple(int(s) for s in args.target_sms.split(","))
+    from kiln._options import DEFAULT_TARGET_SMS
+
+    sms = tuple(int(s) for s in args.target_sms.split(",")) if args.target_sms else DEFAULT_TARGET_SMS
     profiler = None
     if args.profile:
         import cProfile

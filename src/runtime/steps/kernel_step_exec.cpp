@@ -1,7 +1,8 @@
 // Generated-kernel steps, run side: at load, every kernel module is loaded
-// (cubin for this SM, else PTX) and every kernel step's function resolved and
-// checked against the GPU; per context, each step's parameter array is built
-// once and launched with cudaLaunchKernel. The format half is
+// (the cubin for this SM or an older minor of its major, else PTX) and every
+// kernel step's function resolved and checked against the GPU; per context,
+// each step's parameter array is built once and launched with
+// cudaLaunchKernel. The format half is
 // engine_format/steps/kernel_step_format.cpp.
 #include <algorithm>
 #include <map>
@@ -13,7 +14,9 @@
 
 #include "runtime/cuda_check.h"
 #include "runtime/engine.h"
+#include "runtime/log.h"
 #include "runtime/step_runtime.h"
+#include "runtime/steps/kernel_code_choice.h"
 
 namespace kiln::runtime {
 namespace {
@@ -21,21 +24,6 @@ namespace {
 using engine::KernelArgKind;
 using engine::KernelModule;
 using engine::StepKind;
-
-// "sm_87, sm_90 (PTX compute_90)": what a module carries, for error messages.
-std::string describe_code(const KernelModule& m) {
-  std::string text;
-  for (const auto& cubin : m.cubins) {
-    if (!text.empty()) text += ", ";
-    text += "sm_" + std::to_string(cubin.sm);
-  }
-  if (text.empty()) text = "no SM";
-  if (m.ptx.empty())
-    text += " (no PTX)";
-  else
-    text += " (PTX compute_" + std::to_string(m.ptx_sm) + ")";
-  return text;
-}
 
 size_t kernel_arg_bytes(KernelArgKind kind) {
   switch (kind) {
@@ -153,26 +141,22 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
   const uint32_t sm = static_cast<uint32_t>(device.sm);
   out->libraries.reserve(desc.modules.size());
   for (const KernelModule& m : desc.modules) {
-    const void* image = nullptr;
-    std::string which;
-    for (const auto& cubin : m.cubins) {
-      if (cubin.sm == sm) {
-        image = cubin.image.data();
-        which = "cubin sm_" + std::to_string(sm);
-      }
+    Result<KernelCode> chosen = choose_kernel_code(m, sm);
+    if (!chosen.is_ok()) return chosen.status();
+    const void* image = chosen->image;
+    const bool from_ptx = chosen->from_ptx;
+    const std::string& which = chosen->which;
+    if (from_ptx) {
+      // Once per module and load (a shared engine loads once per GPU): the
+      // JIT costs load time, and says the engine was not built for this GPU.
+      log_message(LogLevel::kInfo,
+                  "engine module '%s' has no cubin for this GPU (sm_%u; it carries %s): JIT-compiling its PTX "
+                  "(compute_%u) with the driver; export with target_sms including %u to skip this",
+                  m.name.c_str(), sm, describe_kernel_code(m).c_str(), m.ptx_sm, sm);
     }
-    if (image == nullptr && !m.ptx.empty() && m.ptx_sm <= sm) {
-      image = m.ptx.c_str();  // NUL-terminated, as the loader requires
-      which = "PTX compute_" + std::to_string(m.ptx_sm);
-    }
-    if (image == nullptr)
-      return make_status(StatusCode::kIncompatible,
-                         "engine module '%s' has code for %s; this GPU is sm_%u", m.name.c_str(),
-                         describe_code(m).c_str(), sm);
 
     // The JIT's error log says why PTX failed to compile; keep it for the message.
     // Only passed for PTX: a cubin involves no compiler.
-    const bool from_ptx = image == static_cast<const void*>(m.ptx.c_str());
     char error_log[2048] = {0};
     cudaJitOption options[] = {cudaJitErrorLogBuffer, cudaJitErrorLogBufferSizeBytes};
     void* option_values[] = {error_log,
