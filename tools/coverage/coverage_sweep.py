@@ -241,6 +241,12 @@ def _status_cell(r: dict) -> str:
     return s
 
 
+def _seconds_cell(r: dict) -> str:
+    if "export_s" not in r:
+        return ""
+    return f"{r['export_s']:.1f}" + (f" ({r['export_cpu_s']:.1f})" if "export_cpu_s" in r else "")
+
+
 def _err_cell(g: dict | None) -> str:
     if not g:
         return ""
@@ -263,7 +269,8 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         "`torchvision.models` (classification) and `torchvision.models.segmentation`, random weights",
         "(seeded, nothing downloaded), batch 1, 3x224x224, exported with `kiln.compile(...,",
         "min_block_size=1, target_sms=(90,))` + `kiln.save` on the 2-core CPU machine (shared with",
-        "other builds, so seconds are upper bounds). float16 = `model.half()` with",
+        "other builds, so seconds are upper bounds; in parentheses the export's CPU seconds, user + system,",
+        "NVRTC's threads included, the comparable number). float16 = `model.half()` with",
         "`enabled_precisions={torch.float16}`. CPU ops: ops left to ExecuTorch's CPU kernels.",
         "Status: pass (0 CPU ops), cpu (exported, some ops on the CPU), fail (torch.export or",
         "ExecuTorch itself cannot take the model), abort (Kiln raised), timeout, skipped.",
@@ -283,7 +290,7 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
     ]
     lines += _summary(results, by, gpu, planned)
     lines += ["", "## Per model", "",
-              "| model | params | fp32 status | fp32 CPU ops | fp32 s | fp32 MiB | fp16 status | fp16 CPU ops | fp16 s | fp16 MiB | fp32 GPU err | fp16 GPU err |",
+              "| model | params | fp32 status | fp32 CPU ops | fp32 s (CPU s) | fp32 MiB | fp16 status | fp16 CPU ops | fp16 s (CPU s) | fp16 MiB | fp32 GPU err | fp16 GPU err |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, kind in models:
         row = [name + (" (seg)" if kind == "segmentation" else "")]
@@ -294,7 +301,7 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
             if r is None:
                 row += ["not reached", "", "", ""]
                 continue
-            row += [_status_cell(r), _cpu_cell(r), f"{r['export_s']:.1f}" if "export_s" in r else "",
+            row += [_status_cell(r), _cpu_cell(r), _seconds_cell(r),
                     f"{r['pte_mib']:.1f}" if "pte_mib" in r else ""]
         row += [_err_cell(gpu.get((name, d))) for d in SHORT]
         lines.append("| " + " | ".join(row) + " |")
@@ -346,6 +353,15 @@ def _summary(results, by, gpu, planned) -> list[str]:
         out.append(f"- **{d}**: {len(rs)} models recorded: " + ", ".join(f"{v} {k}" for k, v in sorted(count.items()))
                    + f"; **{count.get('abort', 0)} aborted exports**; {zero}/{len(attempted)} = **{pct:.0f}% with 0 CPU ops**"
                    + f"; {fallback} with compile fallbacks (would have aborted before issue 10's fallback)")
+        timed = [r for r in rs if "export_s" in r and r.get("params", 0) <= 100e6]
+        if timed:
+            slow = max(timed, key=lambda r: r["export_s"])
+            over = sorted((r for r in timed if r["export_s"] > 30), key=lambda r: -r["export_s"])
+            over_cpu = [r for r in over if r.get("export_cpu_s", 0) > 30]
+            out.append(f"  - export time (<= 100M parameters, {len(timed)} exports): max {slow['export_s']:.0f} s wall"
+                       f" ({slow['model']}); {len(over)} over 30 s wall, {len(over_cpu)} of them over 30 CPU s: "
+                       + (", ".join(f"{r['model']} {r['export_s']:.0f} ({r.get('export_cpu_s', 0):.0f})"
+                                    for r in over_cpu) or "none"))
         g = [gpu[(r["model"], d)] for r in rs if (r["model"], d) in gpu]
         if g:
             ok = sum(1 for x in g if x.get("ok"))
@@ -371,7 +387,7 @@ def _summary(results, by, gpu, planned) -> list[str]:
 
 
 def pack(args) -> None:
-    """xz archives of the kept .pte files (one per model, both dtypes), in
+    """xz archives of the kept .pte files (one per model, both dtypes; --xz-preset), in
     carry groups of at most --group-mib MiB, each with manifest_coverage.json."""
     import lzma
     import tarfile
@@ -389,7 +405,7 @@ def pack(args) -> None:
     for model, rs in by_model.items():
         archive = staging / f"{model}.tar.xz"
         if not archive.exists():
-            filters = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": 1 << 26}]
+            filters = [{"id": lzma.FILTER_LZMA2, "preset": args.xz_preset}]
             with lzma.open(archive, "wb", format=lzma.FORMAT_XZ, filters=filters) as raw:
                 with tarfile.open(fileobj=raw, mode="w") as tar:
                     for r in rs:
@@ -439,6 +455,9 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only rewrite --doc from --json (+ --gpu-results)")
     p.add_argument("--pack", type=Path, help="write carry groups of the --keep-pte files here and stop")
     p.add_argument("--group-mib", type=float, default=46.0)
+    p.add_argument("--xz-preset", type=int, default=2,
+                   help="xz preset of the carried archives (2: ~3 CPU s per 100 MiB of .pte on the 2-core "
+                        "machine, archives ~25%% larger than preset 6, which takes ~10x the CPU)")
     args = p.parse_args(argv)
     if args.worker:
         name, kind, dtype = args.worker

@@ -16,7 +16,7 @@ type of the zoo):
   * BatchNorm: gamma U(0.5, 1.5), beta N(0, 0.1), running_mean N(0, 0.1),
     running_var U(0.5, 2); gamma U(0.1, 0.3) on the last BatchNorm of a
     residual branch (torchvision's BasicBlock/Bottleneck/inverted residuals);
-  * weights with >= 2 dims (conv, linear, embeddings): Rademacher signs times
+  * weights with >= 2 dims (conv, linear, embeddings, attention in_proj_weight): Rademacher signs times
     the Kaiming std sqrt(2 / fan_in), so the .pte files compress ~10x with xz;
   * other 1-D "weight"s (LayerNorm, GroupNorm gammas): U(0.5, 1.5); biases
     N(0, 0.02); layer scales U(0.1, 0.3) (residual branches, as above);
@@ -110,7 +110,7 @@ def init_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> nn.Module:
                     values = rng.uniform(0.5, 2.0, n)
                 else:
                     values = rng.normal(0.0, 0.02, shape)
-            elif leaf == "weight" and len(shape) >= 2:
+            elif leaf in ("weight", "in_proj_weight") and len(shape) >= 2:
                 fan_in = math.prod(shape[1:])
                 std = math.sqrt(2.0 / fan_in)
                 values = (rng.integers(0, 2, size=shape, dtype=np.int8) * 2 - 1).astype(np.float64) * std
