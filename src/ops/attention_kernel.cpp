@@ -426,10 +426,24 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    #pragma unroll\n"
     << "    for (int r = 0; r < kR; ++r) x[r] = 0.0f;\n"
     << "    if (key < kKeys) {\n"
-    << "      const T* kr = kb + key * " << ll(p.k_strides[2]) << ";\n"
-    << "      for (int c = 0; c < kD; ++c) {\n"
-    << "        const float kv = " << load_expr(p.dtype, "kr[c]") << ";\n"
-    << "        #pragma unroll\n"
+    << "      const T* kr = kb + key * " << ll(p.k_strides[2]) << ";\n";
+  // A lane reads its key's whole row: 16-byte loads, all issued before the
+  // products, when every row starts 16-byte aligned.
+  const int64_t esize = static_cast<int64_t>(engine::dtype_size(p.dtype)), vec = 16 / esize;
+  const bool wide = d % vec == 0 && (p.k_strides[2] * esize) % 16 == 0 && (p.k_strides[1] * esize) % 16 == 0 &&
+                    (p.k_strides[0] * esize) % 16 == 0 && (p.offsets[1] * esize) % 16 == 0;
+  if (wide)
+    s << "      uint4 w[kD / " << vec << "];\n"
+      << "      #pragma unroll\n"
+      << "      for (int c = 0; c < kD / " << vec << "; ++c) w[c] = reinterpret_cast<const uint4*>(kr)[c];\n"
+      << "      #pragma unroll\n"
+      << "      for (int c = 0; c < kD; ++c) {\n"
+      << "        const float kv = " << load_expr(p.dtype, "reinterpret_cast<const T*>(w)[c]") << ";\n";
+  else
+    s << "      #pragma unroll 8\n"
+      << "      for (int c = 0; c < kD; ++c) {\n"
+      << "        const float kv = " << load_expr(p.dtype, "kr[c]") << ";\n";
+  s << "        #pragma unroll\n"
     << "        for (int r = 0; r < kR; ++r) x[r] = fmaf(qs[r * kD + c], kv, x[r]);\n"
     << "      }\n"
     << "    }\n"
@@ -463,6 +477,7 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "      for (int i = 0; i < kPer; ++i) acc[r][i] *= alpha;\n"
     << "    }\n"
     << "    const int valid = (int)min(32LL, kKeys - n0);\n"
+    << "    #pragma unroll 4\n"
     << "    for (int j = 0; j < valid; ++j) {\n"
     << "      const T* vr = vb + (n0 + j) * " << ll(p.v_strides[2]) << ";\n"
     << "      float vv[kPer];\n"
