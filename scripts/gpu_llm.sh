@@ -30,9 +30,9 @@ read -r pte ptd < <(python3 -c "import json,sys; m=json.load(open(sys.argv[1]));
 : >"$out/llm_profile.txt"
 for method in decode prefill; do
   KILN_PROFILE_STEPS=1 "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" \
-    --device_io=true --use_cuda_graphs=false --num_runs=30 --warmup=5 >"/tmp/kiln_llm_$method.txt" 2>&1
+    --use_cuda_graphs=false --num_runs=30 --warmup=5 >"/tmp/kiln_llm_$method.txt" 2>&1
   { echo "== $method"; grep -E "latency|steps,|rror" "/tmp/kiln_llm_$method.txt" | tail -5; python3 tools/profile_summary.py "/tmp/kiln_llm_$method.txt"
-    "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" --device_io=true \
+    "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" \
       --use_cuda_graphs=true --cuda_events=true --num_runs=200 --warmup=20 2>&1 | grep -E "latency|rror" | sed 's/^/graph replay: /'
   } | tee -a "$out/llm_profile.txt"
 done
