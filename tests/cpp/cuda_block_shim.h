@@ -147,37 +147,35 @@ inline void run_block(unsigned threads, Order order) {
 
 inline void __syncthreads() { kiln_shim::wait(kiln_shim::State::kBlockBarrier); }
 
-template <class T>
-inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+namespace kiln_shim {
+// A warp shuffle: every lane posts `v`, then reads the value of lane
+// `source(own lane slot)`; two warp barriers around the exchange.
+template <class T, class Source>
+inline T exchange(T v, Source source) {
   static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffles move at most 8 bytes");
-  kiln_shim::Block& b = kiln_shim::block();
+  Block& b = block();
   const unsigned me = b.current;
   unsigned long long bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   b.exchange[me] = bits;
-  kiln_shim::wait(kiln_shim::State::kWarpBarrier);  // every lane has written
-  bits = b.exchange[me ^ static_cast<unsigned>(lane_mask)];
-  kiln_shim::wait(kiln_shim::State::kWarpBarrier);  // every lane has read
+  wait(State::kWarpBarrier);  // every lane has written
+  bits = b.exchange[source(me)];
+  wait(State::kWarpBarrier);  // every lane has read
   T other;
   std::memcpy(&other, &bits, sizeof(T));
   return other;
+}
+}  // namespace kiln_shim
+
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  return kiln_shim::exchange(v, [&](unsigned me) { return me ^ static_cast<unsigned>(lane_mask); });
 }
 
 // Lane `src` of this thread's warp broadcasts `v`.
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src) {
-  static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffles move at most 8 bytes");
-  kiln_shim::Block& b = kiln_shim::block();
-  const unsigned me = b.current;
-  unsigned long long bits = 0;
-  std::memcpy(&bits, &v, sizeof(T));
-  b.exchange[me] = bits;
-  kiln_shim::wait(kiln_shim::State::kWarpBarrier);
-  bits = b.exchange[(me & ~31u) | (static_cast<unsigned>(src) & 31u)];
-  kiln_shim::wait(kiln_shim::State::kWarpBarrier);
-  T other;
-  std::memcpy(&other, &bits, sizeof(T));
-  return other;
+  return kiln_shim::exchange(v, [&](unsigned me) { return (me & ~31u) | (static_cast<unsigned>(src) & 31u); });
 }
 
 // kiln_shim_launch for cooperating kernels: each block's threads as fibers.

@@ -66,3 +66,12 @@ def engines_in_pte(data: bytes) -> list[tuple[str, dict, bytes]]:
             blob = program.backend_delegate_data[delegate.processed.index].data
             blobs.append((delegate.id, specs, bytes(blob)))
     return blobs
+
+
+def has_gpu() -> bool:
+    """Whether nvidia-smi lists a GPU (tests that check the no-GPU answers skip there)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0

@@ -8,7 +8,6 @@ its inputs and says plainly that it needs a GPU. (tests/gpu/
 llm_generate_test.py runs it on the GPU against HF greedy.)"""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import export_llama  # noqa: E402
 import llm_weights  # noqa: E402
 from llama_kv import KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
 
+from _helpers import has_gpu  # noqa: E402
 from kiln.inspect import describe, inspect_pte  # noqa: E402
 
 pytestmark = pytest.mark.needs_compiler
@@ -98,12 +98,7 @@ def test_weight_recipe_rebuilds_the_ptd(exported, tmp_path):
         llm_weights.main(["unpack", "--recipe", str(tmp_path), "--out", str(tmp_path / "bad.ptd")])
 
 
-def _has_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(_has_gpu(), reason="a CUDA GPU is present: tests/gpu/llm_generate_test.py runs the loop")
+@pytest.mark.skipif(has_gpu(), reason="a CUDA GPU is present: tests/gpu/llm_generate_test.py runs the loop")
 def test_example_checks_inputs_then_needs_a_gpu(exported):
     if not BINARY.exists():
         pytest.fail(f"llm_generate not built at {BINARY}; run scripts/setup.sh (or set KILN_BUILD_DIR)")

@@ -4,7 +4,6 @@ documented exit status (3) instead of crashing. Skipped where a GPU is present
 (the GPU tests cover that machine)."""
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 import kiln
-from _helpers import MLP, export
+from _helpers import MLP, export, has_gpu
 
 pytestmark = pytest.mark.needs_compiler
 
@@ -20,12 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / os.environ.get("KILN_BUILD_DIR", "build") / "tools" / "kiln_runner" / "kiln_runner"
 
 
-def _has_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(_has_gpu(), reason="a CUDA GPU is present: the GPU tests (scripts/gpu_check.sh) run the model")
+@pytest.mark.skipif(has_gpu(), reason="a CUDA GPU is present: the GPU tests (scripts/gpu_check.sh) run the model")
 def test_runner_reports_missing_gpu(tmp_path):
     if not RUNNER.exists():
         pytest.fail(f"kiln_runner not built at {RUNNER}; run scripts/setup.sh (or set KILN_BUILD_DIR)")
