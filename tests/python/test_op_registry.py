@@ -125,10 +125,18 @@ class CacheUpdate(torch.nn.Module):
         return self.cache.sum(2)
 
 
+class GreedyToken(torch.nn.Module):
+    """argmax: a decoder's greedy token choice on the GPU."""
+
+    def forward(self, logits):
+        return torch.argmax(logits * 2, dim=-1)
+
+
 def _examples():
     torch.manual_seed(0)
     return {
         "state": (CacheUpdate(), (torch.randn(1, 2, 1, 4), torch.tensor([5]))),
+        "argmax": (GreedyToken(), (torch.randn(2, 50),)),
         "elementwise": (Elementwise(), (torch.randn(4, 8), torch.randn(4, 8))),
         "matmuls": (Matmuls(), (torch.randn(4, 8), torch.randn(4, 5))),
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
