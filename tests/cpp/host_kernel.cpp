@@ -23,8 +23,7 @@ void run_host_kernel(const std::string& src, const std::string& fn, const std::s
                      unsigned grid, unsigned block, const std::string& shim_header) {
   const std::string full = host_prelude() + src + "\nextern \"C\" void kiln_test_launch(void** a, unsigned g, "
                            "unsigned b) {\n  kiln_shim_launch(&" + fn + ", a, g, b);\n}\n";
-  static int count = 0;
-  void* lib = build_host_module(full, tag + std::to_string(count++), shim_header);
+  void* lib = build_host_module(full, tag, shim_header);
   if (lib == nullptr) return;  // build_host_module reported the failure
   auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
   if (launch == nullptr) {
@@ -37,7 +36,11 @@ void run_host_kernel(const std::string& src, const std::string& fn, const std::s
 
 void* build_host_module(const std::string& source, const std::string& tag, const std::string& shim_header) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("kiln_host_" + std::to_string(::getpid()) + "_" + tag);
+  // A fresh path per module: dlopen hands back the library already loaded
+  // from the same path, so a second module under one tag would run the first.
+  static int count = 0;
+  fs::path dir = fs::temp_directory_path() /
+                 ("kiln_host_" + std::to_string(::getpid()) + "_" + tag + "_" + std::to_string(count++));
   fs::create_directories(dir);
   fs::path cpp = dir / "kernel.cpp", so = dir / "kernel.so", log = dir / "build.log";
   std::ofstream(cpp) << "#include \"" << shim_header << "\"\n" << source;

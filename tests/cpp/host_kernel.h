@@ -16,14 +16,15 @@ namespace kiln::testing {
 
 // Compiles `source` (which must #include nothing itself) as host C++ after
 // `#include "<shim_header>"`; returns the dlopen handle, or nullptr after
-// reporting a GoogleTest failure with the compiler's log.
+// reporting a GoogleTest failure with the compiler's log. Each call builds a
+// new library (its path is fresh), whatever `tag` is.
 void* build_host_module(const std::string& source, const std::string& tag, const std::string& shim_header);
 
 // Compiles kernel `fn` (its source `src`, after host_prelude()) through
 // `shim_header` and launches it once over `grid` x `block` threads with
 // `args`; a GoogleTest failure when it does not build. `tag` names the
-// module's temporary folder (a counter keeps each module's name fresh: a
-// library holding the shim's thread_locals is never unloaded).
+// module's temporary folder (a library holding the shim's thread_locals is
+// never unloaded).
 void run_host_kernel(const std::string& src, const std::string& fn, const std::string& tag, void** args,
                      unsigned grid, unsigned block, const std::string& shim_header);
 
