@@ -258,6 +258,7 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     use_cuda_graphs: bool | None = None,
     conv_gemm: str = "all",
     depthwise_kernels: bool = True,
+    gemv_kernels: bool = True,
     debug_dir: str | os.PathLike | None = None,
     model_id: str | None = None,
     constant_methods: dict[str, Any] | None = None,
@@ -285,6 +286,9 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         on cuDNN).
       depthwise_kernels: depthwise convolutions as generated kernels with the
         activation after them fused in (False: cuDNN).
+      gemv_kernels: products of at most 4 activation rows with a weight
+        (a decode step's linears) as generated matrix-vector kernels (False:
+        cuBLASLt for every product).
       debug_dir: when given, the IR after every compiler pass is written to
         <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
       model_id: names this model in its weights' keys in the program's named
@@ -297,18 +301,20 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     """
     return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
-                      debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods)
+                      debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods,
+                      gemv_kernels=gemv_kernels)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
                use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
-               model_id=None, constant_methods=None) -> CompiledProgram:
+               model_id=None, constant_methods=None, gemv_kernels=True) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     programs, given_dict = check_programs(exported_program, caller)
     constant_methods = check_constant_methods(caller, constant_methods, programs)
     check_not_per_method(caller, enabled_precisions=enabled_precisions, min_block_size=min_block_size,
                          target_sms=target_sms, use_cuda_graphs=use_cuda_graphs, conv_gemm=conv_gemm,
-                         depthwise_kernels=depthwise_kernels, debug_dir=debug_dir, model_id=model_id)
+                         depthwise_kernels=depthwise_kernels, gemv_kernels=gemv_kernels, debug_dir=debug_dir,
+                         model_id=model_id)
     model_id = _weights.check_model_id(model_id) if model_id is not None else _weights.default_model_id(programs)
     options = validate_options(
         enabled_precisions=enabled_precisions,
@@ -317,6 +323,7 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         use_cuda_graphs=use_cuda_graphs,
         conv_gemm=conv_gemm,
         depthwise_kernels=depthwise_kernels,
+        gemv_kernels=gemv_kernels,
         debug_dir=debug_dir,
         weights_prefix=_weights.key_prefix(model_id),
     )
@@ -476,6 +483,7 @@ def save(
             target_device=target_device,
             conv_gemm=compiled.options.conv_gemm,
             depthwise_kernels=compiled.options.depthwise_kernels,
+            gemv_kernels=compiled.options.gemv_kernels,
             debug_dir=compiled.options.debug_dir,
             weights_prefix=compiled.options.weights_prefix,
         )

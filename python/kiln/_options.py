@@ -51,6 +51,9 @@ class KilnOptions:
     # and depthwise convs as generated kernels.
     conv_gemm: str = "all"
     depthwise_kernels: bool = True
+    # Products of <= 4 activation rows (decode steps) as generated
+    # matrix-vector kernels instead of cuBLASLt.
+    gemv_kernels: bool = True
     # A folder for the IR after each compiler pass ("" = none); each
     # partition gets a subfolder. Not stored in the .pte.
     debug_dir: str = ""
@@ -70,6 +73,7 @@ class KilnOptions:
             CompileSpec("emit_ptx", b"1" if self.emit_ptx else b"0"),
             CompileSpec("conv_gemm", self.conv_gemm.encode()),
             CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
+            CompileSpec("gemv_kernels", b"1" if self.gemv_kernels else b"0"),
         ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else [])
 
     @staticmethod
@@ -95,6 +99,8 @@ class KilnOptions:
                 values["conv_gemm"] = text
             elif spec.key == "depthwise_kernels":
                 values["depthwise_kernels"] = text == "1"
+            elif spec.key == "gemv_kernels":
+                values["gemv_kernels"] = text == "1"
             elif spec.key == "debug_dir":
                 values["debug_dir"] = text
             elif spec.key == "weights_prefix":
@@ -112,6 +118,7 @@ class KilnOptions:
             target_device=values.get("target_device", ""),
             conv_gemm=values.get("conv_gemm", "all"),
             depthwise_kernels=values.get("depthwise_kernels", True),
+            gemv_kernels=values.get("gemv_kernels", True),
             debug_dir=values.get("debug_dir", ""),
             weights_prefix=values.get("weights_prefix", ""),
         )
@@ -153,6 +160,7 @@ def validate_options(
     target_device: Any = "",
     conv_gemm: Any = "all",
     depthwise_kernels: Any = True,
+    gemv_kernels: Any = True,
     debug_dir: Any = None,
     weights_prefix: Any = "",
 ) -> KilnOptions:
@@ -214,6 +222,8 @@ def validate_options(
         raise ValueError(f"conv_gemm: expected one of {', '.join(map(repr, CONV_GEMM_MODES))}, got {conv_gemm!r}")
     if not isinstance(depthwise_kernels, bool):
         raise TypeError(f"depthwise_kernels: expected a bool, got {type(depthwise_kernels).__name__}")
+    if not isinstance(gemv_kernels, bool):
+        raise TypeError(f"gemv_kernels: expected a bool, got {type(gemv_kernels).__name__}")
     if debug_dir is None:
         debug_dir = ""
     if not isinstance(debug_dir, (str, os.PathLike)):
@@ -231,6 +241,7 @@ def validate_options(
         target_device=target_device,
         conv_gemm=conv_gemm,
         depthwise_kernels=depthwise_kernels,
+        gemv_kernels=gemv_kernels,
         debug_dir=debug_dir,
         weights_prefix=weights_prefix,
     )

@@ -150,6 +150,7 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
         progress=progress or (lambda _m: None),
         conv_gemm=options.conv_gemm,
         depthwise_kernels=options.depthwise_kernels,
+        gemv_kernels=options.gemv_kernels,
         debug_dir=_compile_debug_dir(options.debug_dir),
     )
     if progress is not None:

@@ -24,6 +24,7 @@ def export(
     use_cuda_graphs: bool | None = None,
     conv_gemm: str = "all",
     depthwise_kernels: bool = True,
+    gemv_kernels: bool = True,
     debug_dir: str | os.PathLike | None = None,
     model_id: str | None = None,
     constant_methods: dict[str, Any] | None = None,
@@ -36,4 +37,5 @@ def export(
     return compile_as("kiln.executorch.export", exported_program, arg_inputs, enabled_precisions,
                       min_block_size, target_sms, use_cuda_graphs, conv_gemm=conv_gemm,
                       depthwise_kernels=depthwise_kernels, debug_dir=debug_dir,
-                      model_id=model_id, constant_methods=constant_methods).edge_program_manager
+                      model_id=model_id, constant_methods=constant_methods,
+                      gemv_kernels=gemv_kernels).edge_program_manager

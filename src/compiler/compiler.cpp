@@ -64,6 +64,7 @@ class Lowering final : public ops::LowerContext {
     desc_.metadata.emplace_back("source_nodes", std::to_string(graph_.nodes().size()));
     desc_.metadata.emplace_back("conv_gemm", ops::conv_gemm_name(options.op_options.conv_gemm));
     desc_.metadata.emplace_back("depthwise_kernels", options.op_options.depthwise_kernels ? "true" : "false");
+    desc_.metadata.emplace_back("gemv_kernels", options.op_options.gemv_kernels ? "true" : "false");
     if (options.use_cuda_graphs >= 0)
       desc_.metadata.emplace_back("use_cuda_graphs", options.use_cuda_graphs ? "true" : "false");
     return std::move(desc_);

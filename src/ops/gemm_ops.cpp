@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ir/graph.h"
+#include "ops/gemv_kernel.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
 
@@ -166,11 +167,13 @@ void plan_gemm(PlanContext& ctx, int node_index) {
         g.out = add.outputs[0];
         for (int b : between) ctx.absorb(b);
         ctx.absorb(sum_node);
+        g.gemv = ctx.options().gemv_kernels && gemv_applies(g, graph.value(out).dtype);
         ctx.emit_at(sum_node, PlannedOp(label + "+add", std::move(g)));
         return;
       }
     }
   }
+  g.gemv = ctx.options().gemv_kernels && gemv_applies(g, graph.value(out).dtype);
   ctx.emit(PlannedOp(label, std::move(g)));
 }
 
@@ -203,6 +206,20 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
   if (stride_a != 0 || batch == 1) expect(a, "a", m, k);
   if (stride_b != 0 || batch == 1) expect(b, "b", b_transposed ? n : k, b_transposed ? k : n);
   expect(out, "out", m, n);
+  if (gemv) {
+    const engine::DType dtype = graph.value(out).dtype;
+    step.kind = engine::StepKind::kKernel;
+    engine::KernelStep& ks = step.kernel;
+    ks.function = ctx.kernel_name("kiln_gemv");
+    const GemvKernel gen = generate_gemv_kernel(*this, dtype, ks.function);
+    ctx.add_source(gen.source);
+    ks.grid[0] = gen.grid;
+    ks.block[0] = gen.block;
+    ks.args = {ctx.tensor_arg(out), ctx.tensor_arg(a), ctx.tensor_arg(b)};
+    if (bias >= 0) ks.args.push_back(ctx.tensor_arg(bias));
+    if (c >= 0) ks.args.push_back(ctx.tensor_arg(c));
+    return;
+  }
   step.kind = engine::StepKind::kGemm;
   engine::GemmStep& s = step.gemm;
   s.a = ctx.tensor(a);

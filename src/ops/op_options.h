@@ -16,6 +16,10 @@ struct OpOptions {
   // Depthwise convolutions as generated NHWC kernels with the elementwise
   // chain after them fused in; false keeps them on cuDNN.
   bool depthwise_kernels = true;
+  // Products of at most 4 activation rows with a [n, k] weight (a decode
+  // step's linears) as generated matrix-vector kernels (gemv_kernel.h)
+  // instead of cuBLASLt; false keeps every product on cuBLASLt.
+  bool gemv_kernels = true;
   // The oldest SM the engine's kernels are built for (from target_sms, which
   // the engine records): kernels with sm_80 instructions (mma.sync on
   // bfloat16, ldmatrix) are planned only when it is 80 or newer.

@@ -58,7 +58,7 @@ class StepPlanBase : public StepPlan {
 using codegen::AffineMap;  // codegen/cuda_dtype.h
 
 // out = epilogue(alpha * a @ B + beta * c), B = b or b^T (b_transposed).
-// Lowered to a cuBLASLt step (gemm_ops.cpp).
+// Lowered to a cuBLASLt step, or a generated kernel when `gemv` (gemm_ops.cpp).
 struct GemmPlan : StepPlanBase<GemmPlan> {
   int a = -1, b = -1, bias = -1, c = -1, out = -1;
   bool b_transposed = false;
@@ -69,6 +69,8 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
   // stride_* elements after the previous one (0 broadcasts it).
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_out = 0;
+  // Lowered to a generated matrix-vector kernel instead (gemv_kernel.h).
+  bool gemv = false;
 
   std::vector<int> reads() const override;
   int writes() const override { return out; }

@@ -81,7 +81,7 @@ struct ProgressCallbackFailed {};
 nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, bool emit_ptx,
                      std::vector<std::string> enabled_precisions, int use_cuda_graphs,
                      nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
-                     const std::string& debug_dir) {
+                     const std::string& debug_dir, bool gemv_kernels) {
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
     throw nb::value_error("use_cuda_graphs must be -1 (no choice), 0 or 1");
   compiler::CompileOptions options;
@@ -93,6 +93,7 @@ nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, b
   options.use_cuda_graphs = use_cuda_graphs;
   options.op_options.conv_gemm = ops::parse_conv_gemm(conv_gemm);
   options.op_options.depthwise_kernels = depthwise_kernels;
+  options.op_options.gemv_kernels = gemv_kernels;
   options.debug_dir = debug_dir;
 
   std::optional<nb::python_error> callback_error;
@@ -208,7 +209,7 @@ NB_MODULE(_kiln_compiler, m) {
   m.def("compile", &py_compile, "graph"_a, "target_sms"_a, "emit_ptx"_a = true,
         "enabled_precisions"_a = std::vector<std::string>{"float32"},
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",
-        "depthwise_kernels"_a = true, "debug_dir"_a = "",
+        "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
         "Compiles a Graph into serialized engine bytes. Raises CompileError.");
   m.def("pass_names", &compiler::pass_names, "The compiler's passes, in the order they run.");
   m.def("inspect_engine", &inspect_engine, "data"_a,

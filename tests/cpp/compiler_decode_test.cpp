@@ -1,6 +1,7 @@
 // Ops a language model's decode step needs, no GPU needed: argmax (greedy
-// token choice on the device) and the fused rotary embedding (kiln.rotary,
-// made by passes/fuse_rotary.cpp from HF's rotate_half form). Graphs go
+// token choice on the device), the fused rotary embedding (kiln.rotary,
+// made by passes/fuse_rotary.cpp from HF's rotate_half form), the
+// decode-shaped attention and the matrix-vector kernel of small products. Graphs go
 // through the passes and fusion; each generated kernel is compiled as host
 // C++ (argmax through cuda_block_shim.h: its threads cooperate) and compared
 // with a reference computed here on fresh random inputs.
@@ -16,6 +17,7 @@
 #include "host_kernel.h"
 #include "ops/argmax_ops.h"
 #include "ops/attention_kernel.h"
+#include "ops/gemv_kernel.h"
 #include "ops/rotary_ops.h"
 #include "passes/passes.h"
 
@@ -320,6 +322,113 @@ TEST(DecodeOps, DecodeAttentionMatchesReference) {
           const double got = read_elem(c.dt, out, static_cast<size_t>((h * c.rows + r) * c.dim + e));
           ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want))) << "head " << h << " row " << r << " dim " << e;
         }
+      }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// ---- matrix-vector products ---------------------------------------------------
+
+// A linear over a few rows of activations plans a generated kernel when
+// gemv_kernels is on (and cuBLASLt when off, or when the rows are many).
+TEST(DecodeOps, SmallProductsPlanTheGemvKernel) {
+  for (int64_t rows : {int64_t{1}, int64_t{4}, int64_t{5}})
+    for (bool on : {true, false}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + (on ? " gemv on" : " gemv off"));
+      ir::Graph g;
+      const int x = g.add_input("x", DType::kFloat16, {rows, 256});
+      std::vector<uint8_t> wb(static_cast<size_t>(64 * 256 * 2));
+      const int w = g.add_constant("w", DType::kFloat16, {64, 256}, std::move(wb));
+      const int y = out0(g, g.add_node("aten.linear.default", "linear", {x, w}, {}, {{DType::kFloat16, {rows, 64}}}));
+      g.set_outputs({y});
+      ops::OpOptions options;
+      options.gemv_kernels = on;
+      passes::ExecPlan plan = passes::fuse(g, options);
+      ASSERT_EQ(plan.ops.size(), 1u);
+      TestLowerContext ctx(g);
+      engine::Step step;
+      plan.ops[0].plan->lower(ctx, step);
+      const bool want_kernel = on && rows <= ops::kGemvMaxRows;
+      EXPECT_EQ(step.kind, want_kernel ? engine::StepKind::kKernel : engine::StepKind::kGemm);
+      if (want_kernel) EXPECT_NE(ctx.source().find("gemv"), std::string::npos);
+    }
+}
+
+// The kernel against a double reference: rows x [k] . [n, k]^T + bias + C,
+// ReLU, in every dtype, k a multiple of the 16-byte vector with and without a
+// partial last chunk of lanes.
+TEST(DecodeOps, GemvKernelMatchesReference) {
+  std::mt19937 rng(std::random_device{}());
+  struct Case {
+    DType dt;
+    int64_t m, n, k;
+    bool bias, c, relu;
+  };
+  int case_index = 0;
+  for (const Case& c : {Case{DType::kFloat32, 1, 37, 200, true, false, false},
+                        Case{DType::kFloat16, 2, 64, 1024, false, true, false},
+                        Case{DType::kBFloat16, 1, 9, 4096 + 8 * 40, false, false, false},
+                        Case{DType::kBFloat16, 1, 16, 128, false, false, false},
+                        Case{DType::kBFloat16, 4, 16, 256, true, false, true},
+                        Case{DType::kFloat32, 3, 5, 64 * 8 + 4 * 17, true, true, false}}) {
+    SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
+                 " k " + std::to_string(c.k));
+    ops::GemmPlan p;
+    p.a = 0;
+    p.b = 1;
+    p.out = 2;
+    p.bias = c.bias ? 3 : -1;
+    p.c = c.c ? 4 : -1;
+    p.beta = c.c ? 1.0f : 0.0f;
+    p.b_transposed = true;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.epilogue = c.relu ? (c.bias ? engine::GemmEpilogue::kReluBias : engine::GemmEpilogue::kRelu)
+                        : (c.bias ? engine::GemmEpilogue::kBias : engine::GemmEpilogue::kNone);
+    ASSERT_TRUE(ops::gemv_applies(p, c.dt));
+    const std::string fn = "kiln_gemv_test_" + std::to_string(case_index++);
+    const ops::GemvKernel gen = ops::generate_gemv_kernel(p, c.dt, fn);
+    const std::string wrapped = testing::host_prelude() + gen.source +
+                                "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                                "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block,\n"
+                                "      kiln_shim::Order::kLowWarpFirst);\n}\n";
+    void* lib = testing::build_host_module(wrapped, fn,
+                                           KILN_BLOCK_SHIM_HEADER);
+    ASSERT_NE(lib, nullptr);
+    auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+    ASSERT_NE(launch, nullptr);
+    std::vector<uint8_t> x = random_bytes(c.dt, c.m * c.k, rng), w = random_bytes(c.dt, c.n * c.k, rng),
+                         bias = random_bytes(c.dt, c.n, rng), addend = random_bytes(c.dt, c.m * c.n, rng),
+                         out(static_cast<size_t>(c.m * c.n) * engine::dtype_size(c.dt));
+    std::vector<void*> ptr = {out.data(), x.data(), w.data()};
+    if (c.bias) ptr.push_back(bias.data());
+    if (c.c) ptr.push_back(addend.data());
+    std::vector<void*> args;
+    for (void*& q : ptr) args.push_back(&q);
+    launch(args.data(), gen.grid, gen.block);
+    // Products of k terms of magnitude <= 9 in fp32: the reference's scale.
+    const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+    for (int64_t r = 0; r < c.m; ++r)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double want = 0, scale = 0;
+        for (int64_t e = 0; e < c.k; ++e) {
+          const double t = read_elem(c.dt, x, static_cast<size_t>(r * c.k + e)) *
+                           read_elem(c.dt, w, static_cast<size_t>(j * c.k + e));
+          want += t;
+          scale += std::fabs(t);
+        }
+        if (c.bias) want += read_elem(c.dt, bias, static_cast<size_t>(j));
+        if (c.c) want += read_elem(c.dt, addend, static_cast<size_t>(r * c.n + j));
+        if (c.relu) want = std::max(want, 0.0);
+        want = round_to(c.dt, want);
+        const double got = read_elem(c.dt, out, static_cast<size_t>(r * c.n + j));
+        ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want)) + 1e-6 * scale) << "row " << r << " column " << j;
       }
   }
 }

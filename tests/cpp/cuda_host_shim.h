@@ -27,6 +27,10 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(4) ushort2 { unsigned short x, y; };
 struct alignas(8) ushort4 { unsigned short x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+// The read-only cache load is a plain load here.
+template <class T>
+inline T __ldg(const T* p) { return *p; }
 #define __align__(n) alignas(n)
 
 // CUDA's integer min/max overloads (generated index arithmetic uses them).

@@ -22,7 +22,8 @@ def pte(tmp_path_factory) -> Path:
     import kiln
 
     torch.manual_seed(0)
-    compiled = kiln.compile(export(CumsumMLP(), torch.randn(4, 64)), use_cuda_graphs=False)
+    # gemv_kernels=False: fc1 stays one cuBLASLt GEMM, an engine without generated code.
+    compiled = kiln.compile(export(CumsumMLP(), torch.randn(4, 64)), use_cuda_graphs=False, gemv_kernels=False)
     return kiln.save(compiled, tmp_path_factory.mktemp("inspect") / "cumsum.pte")
 
 

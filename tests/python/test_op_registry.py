@@ -281,3 +281,25 @@ def test_compile_options_are_recorded_in_the_engine():
     assert any(step["kind"] == "conv" for step in info["steps"])
     with pytest.raises(ValueError, match="conv_gemm"):
         kiln.compile(export(model, x), conv_gemm="sometimes")
+
+
+def _engine_info(compiled):
+    lowered = compiled.edge_program_manager.exported_program().graph_module
+    blobs = [getattr(lowered, n.args[0].target).processed_bytes for n in lowered.graph.nodes
+             if n.op == "call_function" and "executorch_call_delegate" in str(n.target)]
+    assert len(blobs) == 1
+    return native().inspect_engine(blobs[0])
+
+
+@pytest.mark.parametrize("rows,gemv_kernels,want", [(1, True, "kernel"), (4, True, "kernel"), (1, False, "gemm"),
+                                                    (16, True, "gemm")])
+def test_gemv_kernels_option_picks_the_products_step(rows, gemv_kernels, want):
+    # A decode step's linear (a few rows of activations) is a generated
+    # matrix-vector kernel unless gemv_kernels=False; many rows stay cuBLASLt.
+    x = torch.randn(rows, 256)
+    model = torch.nn.Linear(256, 96).eval()
+    info = _engine_info(kiln.compile(export(model, x), arg_inputs=(x,), gemv_kernels=gemv_kernels))
+    assert info["metadata"]["gemv_kernels"] == ("true" if gemv_kernels else "false")
+    assert [step["kind"] for step in info["steps"]] == [want]
+    with pytest.raises(TypeError, match="gemv_kernels"):
+        kiln.compile(export(model, x), gemv_kernels="yes")

@@ -1,0 +1,102 @@
+#include "ops/gemv_kernel.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "codegen/cuda_dtype.h"
+#include "ops/step_plan.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr int kGemvWarps = 4;       // warps a block; one output column each
+constexpr int64_t kGemvGroup = 8;   // 16-byte loads a lane keeps in flight
+
+std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+
+bool relu_of(engine::GemmEpilogue e) {
+  return e == engine::GemmEpilogue::kRelu || e == engine::GemmEpilogue::kReluBias;
+}
+
+}  // namespace
+
+bool gemv_applies(const GemmPlan& p, engine::DType dtype) {
+  if (dtype != engine::DType::kFloat32 && dtype != engine::DType::kFloat16 && dtype != engine::DType::kBFloat16)
+    return false;
+  if (p.batch != 1 || !p.b_transposed || p.alpha != 1.0f || p.m < 1 || p.m > kGemvMaxRows || p.n < 1) return false;
+  if (p.c >= 0 ? p.beta != 1.0f : p.beta != 0.0f) return false;
+  if (p.c >= 0 && relu_of(p.epilogue)) return false;  // cuBLASLt's order (act after C) is not planned together
+  const int64_t vec = 16 / static_cast<int64_t>(engine::dtype_size(dtype));
+  return p.k % vec == 0 && p.k / vec >= 16 && p.n <= 0x7fffffffLL * kGemvWarps;
+}
+
+GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const std::string& name) {
+  const int64_t vec = 16 / static_cast<int64_t>(engine::dtype_size(dtype));
+  const int64_t vecs = p.k / vec;  // 16-byte vectors in one weight row
+  // Loads a lane issues before using any: a row's whole chunk when it is
+  // short, kGemvGroup at most (registers).
+  const int64_t group = std::min<int64_t>(kGemvGroup, (vecs + 31) / 32);
+  const bool has_bias = p.bias >= 0, has_c = p.c >= 0;
+  const std::string T = codegen::storage_type(dtype);
+  std::ostringstream s;
+  s << "// " << name << ": gemv m=" << p.m << " n=" << p.n << " k=" << p.k << "\n"
+    << "extern \"C\" __global__ void __launch_bounds__(" << 32 * kGemvWarps << ") " << name << "(\n"
+    << "    " << T << "* __restrict__ out, const " << T << "* __restrict__ x, const " << T << "* __restrict__ w";
+  if (has_bias) s << ", const " << T << "* __restrict__ bias";
+  if (has_c) s << ", const " << T << "* __restrict__ c";
+  s << ") {\n"
+    << "  constexpr int kM = " << p.m << ", kG = " << group << ", kV = " << vec << ";\n"
+    << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs) << ";\n"
+    << "  const int lane = threadIdx.x & 31;\n"
+    << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n"
+    << "  if (col >= kN) return;\n"
+    << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
+    << "  float acc[kM];\n"
+    << "  #pragma unroll\n"
+    << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
+    << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n"
+    << "    uint4 wv[kG];\n"
+    << "    #pragma unroll\n"
+    << "    for (int g = 0; g < kG; ++g) {\n"
+    << "      const long long v = base + 32 * g;\n"
+    << "      if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n"
+    << "    }\n"
+    << "    #pragma unroll\n"
+    << "    for (int g = 0; g < kG; ++g) {\n"
+    << "      const long long v = base + 32 * g;\n"
+    << "      if (v >= kVecs) break;\n"
+    << "      const " << T << "* we = reinterpret_cast<const " << T << "*>(&wv[g]);\n"
+    << "      #pragma unroll\n"
+    << "      for (int m = 0; m < kM; ++m) {\n"
+    << "        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * kK) + v);\n"
+    << "        const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
+    << "        #pragma unroll\n"
+    << "        for (int e = 0; e < kV; ++e) acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", "
+    << codegen::load_expr(dtype, "xe[e]") << ", acc[m]);\n"
+    << "      }\n"
+    << "    }\n"
+    << "  }\n"
+    << "  #pragma unroll\n"
+    << "  for (int m = 0; m < kM; ++m) {\n"
+    << "    float a = acc[m];\n"
+    << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"
+    << "    acc[m] = a;\n"
+    << "  }\n"
+    << "  if (lane != 0) return;\n"
+    << "  #pragma unroll\n"
+    << "  for (int m = 0; m < kM; ++m) {\n"
+    << "    float r = acc[m];\n";
+  if (has_bias) s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
+  if (has_c) s << "    r += " << codegen::load_expr(dtype, "c[m * kN + col]") << ";\n";
+  if (relu_of(p.epilogue)) s << "    r = kiln_relu(r);\n";
+  s << "    out[m * kN + col] = " << codegen::store_expr(dtype, "r") << ";\n"
+    << "  }\n"
+    << "}\n";
+  GemvKernel k;
+  k.source = s.str();
+  k.grid = static_cast<uint32_t>((p.n + kGemvWarps - 1) / kGemvWarps);
+  k.block = 32 * kGemvWarps;
+  return k;
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,39 @@
+// Matrix-vector products as one generated kernel: a linear (or mm with a
+// constant, pre-transposed right operand) over at most kGemvMaxRows rows of
+// activations, as in a language model's decode step. At these shapes
+// cuBLASLt tiles the weight into a handful of blocks (n / 128 of them) and
+// the product is latency-bound; here one warp owns one output column, reads
+// its weight row once in 16-byte vectors (all of a chunk's loads in flight
+// before any product), and a row's bias, residual addend (C) and ReLU are
+// applied before the one store. Chosen at planning (gemm_ops.cpp) when
+// OpOptions::gemv_kernels is on and gemv_applies() holds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine_format/engine_desc.h"
+
+namespace kiln::ops {
+
+struct GemmPlan;
+
+constexpr int64_t kGemvMaxRows = 4;
+
+// Whether a product of `dtype` with these sizes and epilogue is one the
+// kernel computes: batch 1, B in nn.Linear's [n, k] layout, alpha 1, beta 0
+// or 1 (a residual addend), at most kGemvMaxRows rows and k a whole number of
+// 16-byte vectors, at least 16 of them.
+bool gemv_applies(const GemmPlan& plan, engine::DType dtype);
+
+struct GemvKernel {
+  std::string source;
+  uint32_t grid = 1;
+  uint32_t block = 1;
+};
+
+// The kernel `name`: out[m, n] = act(x[m, :] . w[n, :] + bias[n] + c[m, n]);
+// parameters (out, x, w[, bias][, c]) in that order.
+GemvKernel generate_gemv_kernel(const GemmPlan& plan, engine::DType dtype, const std::string& name);
+
+}  // namespace kiln::ops
