@@ -12,6 +12,10 @@ namespace kiln::runtime {
 
 using engine::TensorDesc;
 
+namespace {
+constexpr size_t kDeviceIoAlignment = 256;  // cudaMalloc's; engine.cpp's address_alignment assumes it
+}  // namespace
+
 Status ExecutionContext::check_io(const IoBuffer* io, bool inputs) const {
   const char* what = inputs ? "input" : "output";
   const size_t count = inputs ? num_inputs() : num_outputs();
@@ -26,6 +30,16 @@ Status ExecutionContext::check_io(const IoBuffer* io, bool inputs) const {
     if (t.nbytes > 0 && io[i].data == nullptr)
       return make_status(StatusCode::kInvalidArgument, "%s %zu ('%s'): null data pointer", what,
                          i, t.name.c_str());
+    // A device tensor is used in place, and the engine's kernels and library
+    // calls were planned for cudaMalloc's alignment (16-byte vector loads,
+    // cuBLASLt algorithms chosen for 256-byte operands): a view into the
+    // middle of an allocation is refused rather than read misaligned.
+    const auto address = reinterpret_cast<uintptr_t>(io[i].data);
+    if (io[i].on_device && t.nbytes > 0 && address % kDeviceIoAlignment != 0)
+      return make_status(StatusCode::kInvalidArgument,
+                         "%s %zu ('%s'): device pointer %p is not %zu-byte aligned (the start of a CUDA "
+                         "allocation is); pass a tensor that owns its storage, e.g. x.contiguous().clone()",
+                         what, i, t.name.c_str(), io[i].data, kDeviceIoAlignment);
   }
   return Status::ok();
 }

@@ -272,6 +272,23 @@ void check_bad_inputs(const std::string& dir) {
     auto cpu = executorch::extension::from_blob(host_x.data.data(), {4, 16}, ScalarType::Float);
     bad_input_case("CPU tensor for a device-resident program", *dev, {et::EValue(*cpu)},
                    et::Error::InvalidArgument, " (Method::set_input)");
+    // A device tensor that starts 4 bytes into its allocation: the engine's
+    // kernels load 16-byte vectors, so it is refused, naming the alignment.
+    void* in_buffer = nullptr;
+    if (cudaMalloc(&in_buffer, 4 * 16 * sizeof(float) + 256) != cudaSuccess) {
+      report(false, "bad input: cudaMalloc failed");
+    } else {
+      auto shifted = executorch::extension::make_tensor_ptr(
+          std::vector<executorch::aten::SizesType>{4, 16}, static_cast<char*>(in_buffer) + 4, ScalarType::Float,
+          executorch::aten::Device(executorch::aten::DeviceType::CUDA, 0));
+      clear_log();
+      auto result = dev->execute("forward", std::vector<et::EValue>{et::EValue(*shifted)});
+      const std::string line = log_line("aligned");
+      report(!result.ok() && result.error() == et::Error::InvalidArgument && !line.empty(),
+             "bad input: misaligned device input -> %s (expected InvalidArgument naming the alignment): %s",
+             error_name(result.error()), line.empty() ? "(no log line)" : line.c_str());
+      (void)cudaFree(in_buffer);
+    }
   }
   (void)cudaFree(out_buffer);
 }
