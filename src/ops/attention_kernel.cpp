@@ -402,9 +402,20 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
   const int64_t d = p.head_dim, dv = p.value_dim, rows = p.rows;
   const int64_t per_lane = (dv + 31) / 32;
   const int warps = decode_warps(p);
+  // Value rows as one vector a lane (its kPer dims side by side) when they
+  // split evenly over the lanes and every row start keeps the vector aligned.
+  const int64_t v_bytes = per_lane * static_cast<int64_t>(engine::dtype_size(p.dtype));
+  const char* v_vec = nullptr;
+  if (dv == 32 * per_lane && (p.v_strides[2] * static_cast<int64_t>(engine::dtype_size(p.dtype))) % v_bytes == 0 &&
+      (p.v_strides[1] * static_cast<int64_t>(engine::dtype_size(p.dtype))) % v_bytes == 0 &&
+      (p.v_strides[0] * static_cast<int64_t>(engine::dtype_size(p.dtype))) % v_bytes == 0 &&
+      (p.offsets[2] * static_cast<int64_t>(engine::dtype_size(p.dtype))) % v_bytes == 0)
+    v_vec = v_bytes == 2 ? "unsigned short" : v_bytes == 4 ? "unsigned int" : v_bytes == 8 ? "uint2"
+          : v_bytes == 16 ? "uint4" : nullptr;
+  const std::string dim = v_vec != nullptr ? "lane * kPer + i" : "lane + 32 * i";
   s << signature(p, name, 32 * warps) << " {\n"
     << "  constexpr int kD = " << d << ", kDv = " << dv << ", kR = " << rows << ", kPer = " << per_lane
-    << ", kWarps = " << warps << ";\n"
+    << ", kWarps = " << warps << ", kVG = 8;\n"
     << "  constexpr long long kKeys = " << ll(p.keys) << ";\n"
     << "  __shared__ float qs[kR * kD];\n"
     << "  __shared__ float part[kWarps * kR * (kDv + 2)];  // per warp and row: max, sum, output\n"
@@ -476,22 +487,50 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "      #pragma unroll\n"
     << "      for (int i = 0; i < kPer; ++i) acc[r][i] *= alpha;\n"
     << "    }\n"
-    << "    const int valid = (int)min(32LL, kKeys - n0);\n"
-    << "    #pragma unroll 4\n"
-    << "    for (int j = 0; j < valid; ++j) {\n"
-    << "      const T* vr = vb + (n0 + j) * " << ll(p.v_strides[2]) << ";\n"
-    << "      float vv[kPer];\n"
-    << "      #pragma unroll\n"
-    << "      for (int i = 0; i < kPer; ++i) vv[i] = lane + 32 * i < kDv ? " << load_expr(p.dtype, "vr[lane + 32 * i]")
-    << " : 0.0f;\n"
-    << "      #pragma unroll\n"
-    << "      for (int r = 0; r < kR; ++r) {\n"
-    << "        const float pj = __shfl_sync(0xffffffffu, pr[r], j);\n"
-    << "        #pragma unroll\n"
-    << "        for (int i = 0; i < kPer; ++i) acc[r][i] = fmaf(pj, vv[i], acc[r][i]);\n"
-    << "      }\n"
-    << "    }\n"
-    << "  }\n"
+    << "    const int valid = (int)min(32LL, kKeys - n0);\n";
+  if (v_vec != nullptr) {
+    // Lane owns dims [lane * kPer, lane * kPer + kPer): one vector load per
+    // value row, kVG rows' loads in flight before their products.
+    s << "    #pragma unroll\n"
+      << "    for (int j0 = 0; j0 < 32; j0 += kVG) {\n"
+      << "      if (j0 >= valid) break;\n"
+      << "      " << v_vec << " vraw[kVG];\n"
+      << "      #pragma unroll\n"
+      << "      for (int jj = 0; jj < kVG; ++jj)\n"
+      << "        if (j0 + jj < valid) vraw[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n0 + j0 + jj) * "
+      << ll(p.v_strides[2]) << " + lane * kPer);\n"
+      << "      #pragma unroll\n"
+      << "      for (int jj = 0; jj < kVG; ++jj) {\n"
+      << "        if (j0 + jj >= valid) break;\n"
+      << "        const T* ve = reinterpret_cast<const T*>(&vraw[jj]);\n"
+      << "        #pragma unroll\n"
+      << "        for (int r = 0; r < kR; ++r) {\n"
+      << "          const float pj = __shfl_sync(0xffffffffu, pr[r], j0 + jj);\n"
+      << "          #pragma unroll\n"
+      << "          for (int i = 0; i < kPer; ++i) acc[r][i] = fmaf(pj, " << load_expr(p.dtype, "ve[i]")
+      << ", acc[r][i]);\n"
+      << "        }\n"
+      << "      }\n"
+      << "    }\n"
+      << "  }\n";
+  } else {
+    s << "    #pragma unroll 4\n"
+      << "    for (int j = 0; j < valid; ++j) {\n"
+      << "      const T* vr = vb + (n0 + j) * " << ll(p.v_strides[2]) << ";\n"
+      << "      float vv[kPer];\n"
+      << "      #pragma unroll\n"
+      << "      for (int i = 0; i < kPer; ++i) vv[i] = lane + 32 * i < kDv ? "
+      << load_expr(p.dtype, "vr[lane + 32 * i]") << " : 0.0f;\n"
+      << "      #pragma unroll\n"
+      << "      for (int r = 0; r < kR; ++r) {\n"
+      << "        const float pj = __shfl_sync(0xffffffffu, pr[r], j);\n"
+      << "        #pragma unroll\n"
+      << "        for (int i = 0; i < kPer; ++i) acc[r][i] = fmaf(pj, vv[i], acc[r][i]);\n"
+      << "      }\n"
+      << "    }\n"
+      << "  }\n";
+  }
+  s
     // Merge: every warp's (max, sum, output) per row, then one pass over (row, dim).
     << "  #pragma unroll\n"
     << "  for (int r = 0; r < kR; ++r) {\n"
@@ -499,7 +538,7 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    if (lane == 0) { w[0] = m_run[r]; w[1] = l_run[r]; }\n"
     << "    #pragma unroll\n"
     << "    for (int i = 0; i < kPer; ++i)\n"
-    << "      if (lane + 32 * i < kDv) w[2 + lane + 32 * i] = acc[r][i];\n"
+    << "      if (" << dim << " < kDv) w[2 + " << dim << "] = acc[r][i];\n"
     << "  }\n"
     << "  __syncthreads();\n"
     << "  for (int e = threadIdx.x; e < kR * kDv; e += " << 32 * warps << ") {\n"
