@@ -81,6 +81,11 @@ class Graph {
                std::map<std::string, Attr> attrs,
                const std::vector<std::pair<DType, std::vector<int64_t>>>& output_types);
   void set_outputs(std::vector<int> outputs) { outputs_ = std::move(outputs); }
+  // An intermediate no node produces: a planned step writes it for a later
+  // step to read (e.g. an attention's per-split partial results).
+  int add_scratch(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+    return new_value(name, dtype, std::move(shape));
+  }
   // A state value (no producer, not an input); `init` is its initial bytes
   // (empty: zeros).
   int add_state(const std::string& name, DType dtype, std::vector<int64_t> shape, const std::string& key,

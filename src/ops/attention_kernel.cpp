@@ -77,7 +77,12 @@ void emit_bases(std::ostream& s, const AttentionPlan& p) {
     << "  const T* qb = q + " << ll(p.offsets[0]) << " + b * " << ll(p.q_strides[0]) << " + h * " << ll(p.q_strides[1]) << ";\n"
     << "  const T* kb = k + " << ll(p.offsets[1]) << " + b * " << ll(p.k_strides[0]) << " + hk * " << ll(p.k_strides[1]) << ";\n"
     << "  const T* vb = v + " << ll(p.offsets[2]) << " + b * " << ll(p.v_strides[0]) << " + hk * " << ll(p.v_strides[1]) << ";\n"
-    << "  T* ob = out + b * " << ll(p.out_strides[0]) << " + h * " << ll(p.out_strides[1]) << ";\n";
+    ;
+  if (p.splits > 1)
+    s << "  float* pb = partials + ((b * " << ll(p.heads) << " + h) * " << ll(p.splits) << " + blockIdx.x) * "
+      << ll(p.rows * (p.value_dim + 2)) << ";\n";
+  else
+    s << "  T* ob = out + b * " << ll(p.out_strides[0]) << " + h * " << ll(p.out_strides[1]) << ";\n";
   if (p.mask_kind != AttentionPlan::Mask::kNone)
     s << "  const M* mp = mask + " << ll(p.offsets[3]) << " + b * " << ll(p.mask_strides[0]) << " + h * " << ll(p.mask_strides[1]) << ";\n";
 }
@@ -87,7 +92,10 @@ std::string signature(const AttentionPlan& p, const std::string& name, int threa
   s << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << name << "(const T* __restrict__ q, "
     << "const T* __restrict__ k, const T* __restrict__ v, ";
   if (p.mask_kind != AttentionPlan::Mask::kNone) s << "const M* __restrict__ mask, ";
-  s << "T* __restrict__ out)";
+  if (p.splits > 1)
+    s << "float* __restrict__ partials)";
+  else
+    s << "T* __restrict__ out)";
   return s.str();
 }
 
@@ -391,11 +399,16 @@ void emit_simt(std::ostream& s, const AttentionPlan& p, const std::string& name,
 // a time (a lane scores one key for every row, then the lanes accumulate
 // their slice of the output over those keys), and the warps' partial
 // softmax states are merged in shared memory at the end.
+int64_t split_keys(const AttentionPlan& p) {  // keys one block walks, a multiple of 32
+  return p.splits > 1 ? ((p.keys + p.splits - 1) / p.splits + 31) / 32 * 32 : p.keys;
+}
+
 int decode_warps(const AttentionPlan& p) {
   const int64_t per_warp = p.rows * (p.value_dim + 2) * 4;  // merge state bytes
-  for (int warps : {16, 8, 4})
-    if (warps * per_warp <= 40 * 1024 && p.keys >= 32 * warps) return warps;
-  return 4;
+  const int64_t keys = split_keys(p);
+  for (int warps : {16, 8, 4, 2})
+    if (warps * per_warp <= 40 * 1024 && keys >= 32 * warps) return warps;
+  return p.splits > 1 ? 1 : 4;
 }
 
 void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
@@ -430,13 +443,19 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    m_run[r] = KILN_NEG_INF; l_run[r] = 0.0f;\n"
     << "    #pragma unroll\n"
     << "    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;\n"
-    << "  }\n"
-    << "  for (long long n0 = (long long)warp * 32; n0 < kKeys; n0 += 32 * kWarps) {\n"
+    << "  }\n";
+  // This block's keys: all, or its split's [kBegin, kEnd).
+  if (p.splits > 1)
+    s << "  const long long kBegin = (long long)blockIdx.x * " << ll(split_keys(p))
+      << ", kEnd = min(kKeys, kBegin + " << ll(split_keys(p)) << ");\n";
+  else
+    s << "  const long long kBegin = 0, kEnd = kKeys;\n";
+  s << "  for (long long n0 = kBegin + (long long)warp * 32; n0 < kEnd; n0 += 32 * kWarps) {\n"
     << "    const long long key = n0 + lane;\n"
     << "    float x[kR];\n"
     << "    #pragma unroll\n"
     << "    for (int r = 0; r < kR; ++r) x[r] = 0.0f;\n"
-    << "    if (key < kKeys) {\n"
+    << "    if (key < kEnd) {\n"
     << "      const T* kr = kb + key * " << ll(p.k_strides[2]) << ";\n";
   // A lane reads its key's whole row: 16-byte loads, all issued before the
   // products, when every row starts 16-byte aligned.
@@ -461,7 +480,7 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    #pragma unroll\n"
     << "    for (int r = 0; r < kR; ++r) {\n"
     << "      x[r] *= " << codegen::float_literal(p.scale * kLog2e) << ";\n"
-    << "      if (key >= kKeys) x[r] = KILN_NEG_INF;\n";
+    << "      if (key >= kEnd) x[r] = KILN_NEG_INF;\n";
   if (p.causal) s << "      else if (key > r) x[r] = KILN_NEG_INF;\n";
   if (p.mask_kind != AttentionPlan::Mask::kNone) {
     std::string upd = mask_update(p, "r", "key");
@@ -487,7 +506,7 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "      #pragma unroll\n"
     << "      for (int i = 0; i < kPer; ++i) acc[r][i] *= alpha;\n"
     << "    }\n"
-    << "    const int valid = (int)min(32LL, kKeys - n0);\n";
+    << "    const int valid = (int)min(32LL, kEnd - n0);\n";
   if (v_vec != nullptr) {
     // Lane owns dims [lane * kPer, lane * kPer + kPer): one vector load per
     // value row, kVG rows' loads in flight before their products.
@@ -553,11 +572,13 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "      l = fmaf(pw[1], f, l);\n"
     << "      o = fmaf(pw[2 + c], f, o);\n"
     << "    }\n"
-    << "    ob[(long long)r * " << ll(p.out_strides[2]) << " + c] = " << store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f")
-    << ";\n"
+    << (p.splits > 1 ? std::string("    if (c == 0) { pb[r * (kDv + 2)] = m; pb[r * (kDv + 2) + 1] = l; }\n"
+                                   "    pb[r * (kDv + 2) + 2 + c] = o;\n")
+                     : "    ob[(long long)r * " + ll(p.out_strides[2]) + " + c] = " +
+                           store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f") + ";\n")
     << "  }\n"
     << "}\n";
-  k.grid[0] = 1;
+  k.grid[0] = static_cast<uint32_t>(p.splits);
   k.block = static_cast<uint32_t>(32 * warps);
 }
 
@@ -566,6 +587,51 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
 bool attention_is_decode(const AttentionPlan& p) {
   return p.rows <= kAttnDecodeMaxRows && p.keys >= 128 && p.head_dim <= kAttnMaxHeadDim &&
          p.value_dim <= kAttnMaxHeadDim;
+}
+
+int64_t attention_decode_splits(const AttentionPlan& p) {
+  if (!attention_is_decode(p)) return 1;
+  constexpr int64_t kTargetBlocks = 132;  // an H100/H200's SMs
+  const int64_t blocks = p.batch * p.heads;
+  const int64_t splits = std::min((kTargetBlocks + blocks - 1) / blocks, p.keys / kAttnSplitMinKeys);
+  return std::max<int64_t>(splits, 1);
+}
+
+AttentionKernel generate_attention_combine_kernel(const AttentionPlan& p, const std::string& name) {
+  if (p.splits < 2) throw CompileError("internal: attention combine of an unsplit plan");
+  const int64_t per = p.value_dim + 2, items = p.rows * p.value_dim;
+  const int threads = static_cast<int>(std::min<int64_t>(1024, (items + 31) / 32 * 32));
+  const std::string T = storage_type(p.dtype);
+  std::ostringstream s;
+  s << "// " << name << ": merges " << p.splits << " key splits of a decode attention\n"
+    << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << name
+    << "(const float* __restrict__ partials, " << T << "* __restrict__ out) {\n"
+    << "  const long long b = blockIdx.z, h = blockIdx.y;\n"
+    << "  const float* pb = partials + (b * " << ll(p.heads) << " + h) * " << ll(p.splits * p.rows * per) << ";\n"
+    << "  " << T << "* ob = out + b * " << ll(p.out_strides[0]) << " + h * " << ll(p.out_strides[1]) << ";\n"
+    << "  for (int e = threadIdx.x; e < " << items << "; e += " << threads << ") {\n"
+    << "    const int r = e / " << p.value_dim << ", c = e % " << p.value_dim << ";\n"
+    << "    float m = -__int_as_float(0x7f800000);\n"
+    << "    for (int sp = 0; sp < " << p.splits << "; ++sp) m = fmaxf(m, pb[(sp * " << p.rows << " + r) * " << per
+    << "]);\n"
+    << "    const float base = m == -__int_as_float(0x7f800000) ? 0.0f : m;\n"
+    << "    float l = 0.0f, o = 0.0f;\n"
+    << "    for (int sp = 0; sp < " << p.splits << "; ++sp) {\n"
+    << "      const float* ps = pb + (sp * " << p.rows << " + r) * " << per << ";\n"
+    << "      const float f = exp2f(ps[0] - base);\n"
+    << "      l = fmaf(ps[1], f, l);\n"
+    << "      o = fmaf(ps[2 + c], f, o);\n"
+    << "    }\n"
+    << "    ob[(long long)r * " << ll(p.out_strides[2]) << " + c] = " << store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f")
+    << ";\n"
+    << "  }\n"
+    << "}\n";
+  AttentionKernel k;
+  k.source = s.str();
+  k.grid[1] = static_cast<uint32_t>(p.heads);
+  k.grid[2] = static_cast<uint32_t>(p.batch);
+  k.block = static_cast<uint32_t>(threads);
+  return k;
 }
 
 bool attention_uses_mma(const AttentionPlan& p) {

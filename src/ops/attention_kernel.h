@@ -9,7 +9,9 @@
 //    scores one key, then every lane accumulates its slice of the output.
 //  * decode (at most kAttnDecodeMaxRows query rows per head, 128 keys or
 //    more: one new token over a KV cache): a block's warps split the keys,
-//    32 at a time, and merge their partial softmax states at the end.
+//    32 at a time, and merge their partial softmax states at the end; with
+//    few heads the keys are also split over blocks (flash-decoding), each
+//    writing its partial state, merged by a second, combine kernel.
 // All keep the running max/sum per row in float and write 0 for a row whose
 // keys are all masked (as PyTorch's safe softmax). Shapes, strides, scale
 // and mask layout are baked in as constants.
@@ -37,7 +39,17 @@ bool attention_is_decode(const AttentionPlan& plan);
 // Whether the tensor-core variant can run `plan` (dtype, head dims, strides).
 bool attention_uses_mma(const AttentionPlan& plan);
 
-// Kernel `name` with parameters (q, k, v, [mask], out).
+// How many blocks a head's keys are split over (1: one block a head), for a
+// decode-shaped plan: enough blocks to cover an H100-class GPU, at least
+// kAttnSplitMinKeys keys each.
+int64_t attention_decode_splits(const AttentionPlan& plan);
+constexpr int64_t kAttnSplitMinKeys = 64;
+
+// Kernel `name` with parameters (q, k, v, [mask], out), or (..., partials)
+// when plan.splits > 1.
 AttentionKernel generate_attention_kernel(const AttentionPlan& plan, const std::string& name);
+
+// The combine kernel of a split plan: parameters (partials, out).
+AttentionKernel generate_attention_combine_kernel(const AttentionPlan& plan, const std::string& name);
 
 }  // namespace kiln::ops

@@ -178,6 +178,16 @@ void plan_attention_step(PlanContext& ctx, int node_index) {
       break;
     }
   }
+  p.splits = attention_decode_splits(p);
+  if (p.splits > 1) {
+    p.partials = ctx.graph().add_scratch(graph.value(node.outputs[0]).name + "_partials", engine::DType::kFloat32,
+                                         {p.batch, p.heads, p.splits, p.rows, p.value_dim + 2});
+    AttentionCombinePlan combine;
+    combine.attention = p;
+    ctx.emit(PlannedOp(label_of(node), std::move(p)));
+    ctx.emit(PlannedOp(label_of(node) + "_combine", std::move(combine)));
+    return;
+  }
   ctx.emit(PlannedOp(label_of(node), std::move(p)));
 }
 
@@ -263,7 +273,18 @@ void AttentionPlan::lower(LowerContext& ctx, engine::Step& step) const {
   k.block[0] = gen.block;
   k.args = {ctx.tensor_arg(q), ctx.tensor_arg(this->k), ctx.tensor_arg(v)};
   if (mask >= 0) k.args.push_back(ctx.tensor_arg(mask));
-  k.args.push_back(ctx.tensor_arg(out));
+  k.args.push_back(ctx.tensor_arg(splits > 1 ? partials : out));
+}
+
+void AttentionCombinePlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_attention_combine");
+  AttentionKernel gen = generate_attention_combine_kernel(attention, k.function);
+  ctx.add_source(gen.source);
+  for (int d = 0; d < 3; ++d) k.grid[d] = gen.grid[d];
+  k.block[0] = gen.block;
+  k.args = {ctx.tensor_arg(attention.partials), ctx.tensor_arg(attention.out)};
 }
 
 KILN_REGISTER_OPS(attention) {

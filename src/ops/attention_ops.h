@@ -50,9 +50,25 @@ struct AttentionPlan : StepPlanBase<AttentionPlan> {
   double scale = 1.0;
   // The tensor-core kernel may be used: every targeted SM is sm_80 or newer.
   bool tensor_cores = true;
+  // Decode attention over many keys with few heads: the keys are split over
+  // `splits` blocks a head, each writing its rows' (max, sum, unnormalized
+  // output) to `partials` (float32 [batch, heads, splits, rows, value_dim +
+  // 2]); an AttentionCombinePlan step then merges them into `out`.
+  int64_t splits = 1;
+  int partials = -1;
 
   std::vector<int> reads() const override;
-  int writes() const override { return out; }
+  int writes() const override { return splits > 1 ? partials : out; }
+  void lower(LowerContext& ctx, engine::Step& step) const override;
+};
+
+// The second step of a split decode attention: merges the splits' partial
+// softmax states into the output (attention_kernel.cpp).
+struct AttentionCombinePlan : StepPlanBase<AttentionCombinePlan> {
+  AttentionPlan attention;  // its partials, out, strides and sizes
+
+  std::vector<int> reads() const override { return {attention.partials}; }
+  int writes() const override { return attention.out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };
 
