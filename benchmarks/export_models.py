@@ -99,7 +99,7 @@ def export_one(model_name: str, dtype: str, batch: int, out: Path, allow_cpu: bo
         "delegates": list(compiled.delegates), "cpu_fallback_ops": n_cpu, "cpu_ops": cpu_ops,
         "export_s": round(export_s, 3), "pte_bytes": pte.stat().st_size,
         "runner_args": ["--device_io=true"], "torch": torch.__version__,
-        # Compiler paths other than the defaults (--conv-gemm, --no-depthwise-kernels).
+        # Compiler paths other than the defaults (--conv-gemm, --no-depthwise-kernels, --no-gemv-kernels).
         "compile_options": compile_options,
     }
     print(f"{name}: exported in {export_s:.1f} s, {entry['pte_bytes'] / 2**20:.1f} MiB, "
@@ -186,6 +186,8 @@ def main(argv=None) -> int:
                         help="kiln.compile's conv_gemm: 1x1 convs as GEMMs (default all)")
     parser.add_argument("--no-depthwise-kernels", action="store_true",
                         help="kiln.compile's depthwise_kernels=False: depthwise convs on cuDNN")
+    parser.add_argument("--no-gemv-kernels", action="store_true",
+                        help="kiln.compile's gemv_kernels=False: batch-1 linears on cuBLASLt")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     for m in models:
@@ -205,6 +207,8 @@ def main(argv=None) -> int:
         compile_options["conv_gemm"] = args.conv_gemm
     if args.no_depthwise_kernels:
         compile_options["depthwise_kernels"] = False
+    if args.no_gemv_kernels:
+        compile_options["gemv_kernels"] = False
     entries = [export_one(m, d, b, pte_dir, args.allow_cpu_fallback, compile_options)
                for m in models for d in dtypes for b in batches]
     (pte_dir / "manifest_vision.json").write_text(json.dumps(entries, indent=1))
