@@ -14,10 +14,9 @@ if(TARGET kiln_runner)
   set(_runner_dir ${PROJECT_SOURCE_DIR}/tools/kiln_runner)
   add_executable(kiln_runtime_features_test
     ${PROJECT_SOURCE_DIR}/tests/gpu/runtime_features_test.cpp
-    ${_runner_dir}/tensor_file.cpp
     ${_runner_dir}/tensor_math.cpp)
   target_include_directories(kiln_runtime_features_test PRIVATE ${_runner_dir})
-  target_link_libraries(kiln_runtime_features_test PRIVATE
+  target_link_libraries(kiln_runtime_features_test PRIVATE kiln_runner_support
     kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
     executorch::kernels_optimized Threads::Threads)
 
@@ -25,20 +24,18 @@ if(TARGET kiln_runner)
   # GPU machine by tests/gpu/multi_method_test.py, not by ctest.
   add_executable(kiln_multi_method_test
     ${PROJECT_SOURCE_DIR}/tests/gpu/multi_method_test.cpp
-    ${_runner_dir}/tensor_file.cpp
     ${_runner_dir}/tensor_math.cpp)
   target_include_directories(kiln_multi_method_test PRIVATE ${_runner_dir})
-  target_link_libraries(kiln_multi_method_test PRIVATE
+  target_link_libraries(kiln_multi_method_test PRIVATE kiln_runner_support
     kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
 
   # Engine-owned mutable state (a KV cache updated in place); run on the GPU
   # machine by scripts/gpu_check.sh, not by ctest.
   add_executable(kiln_state_test
     ${PROJECT_SOURCE_DIR}/tests/gpu/state_test.cpp
-    ${_runner_dir}/tensor_file.cpp
     ${_runner_dir}/tensor_math.cpp)
   target_include_directories(kiln_state_test PRIVATE ${_runner_dir})
-  target_link_libraries(kiln_state_test PRIVATE
+  target_link_libraries(kiln_state_test PRIVATE kiln_runner_support
     kiln::backend kiln_runtime executorch::runtime executorch::kernels_optimized)
 
   # Issue 13's GPU reliability tests (bad inputs through Module, 8 threads x 10,000
@@ -47,10 +44,9 @@ if(TARGET kiln_runner)
   # scripts/gpu_reliability_tests.sh, not by ctest. Prints SKIP without a GPU.
   add_executable(kiln_reliability_test
     ${PROJECT_SOURCE_DIR}/tests/gpu/reliability_test.cpp
-    ${_runner_dir}/tensor_file.cpp
     ${_runner_dir}/tensor_math.cpp)
   target_include_directories(kiln_reliability_test PRIVATE ${_runner_dir})
-  target_link_libraries(kiln_reliability_test PRIVATE
+  target_link_libraries(kiln_reliability_test PRIVATE kiln_runner_support
     kiln::backend kiln_caller_stream kiln_runtime executorch::runtime
     executorch::kernels_optimized Threads::Threads)
 endif()

@@ -89,13 +89,31 @@ std::string DeviceIo::prepare(executorch::extension::module::Module& module, con
 
 std::string copy_to_host(const executorch::aten::Tensor& tensor, std::vector<uint8_t>* out) {
   out->resize(tensor.nbytes());
-  if (tensor.nbytes() == 0) return "";
+  return copy_to_host(tensor, out->data(), out->size());
+}
+
+std::string copy_to_host(const executorch::aten::Tensor& tensor, void* dst, size_t nbytes) {
+  if (tensor.nbytes() != nbytes)
+    return "copy to host: the tensor holds " + std::to_string(tensor.nbytes()) +
+           " bytes, the destination " + std::to_string(nbytes);
+  if (nbytes == 0) return "";
   if (tensor.device_type() == executorch::aten::DeviceType::CPU) {
-    std::memcpy(out->data(), tensor.const_data_ptr(), tensor.nbytes());
+    std::memcpy(dst, tensor.const_data_ptr(), nbytes);
     return "";
   }
-  cudaError_t e = cudaMemcpy(out->data(), tensor.const_data_ptr(), tensor.nbytes(), cudaMemcpyDeviceToHost);
+  cudaError_t e = cudaMemcpy(dst, tensor.const_data_ptr(), nbytes, cudaMemcpyDeviceToHost);
   return e == cudaSuccess ? "" : cuda_error("cudaMemcpy (output download)", e);
+}
+
+std::string copy_bytes_to_host(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return "";
+  cudaError_t e = cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault);
+  return e == cudaSuccess ? "" : cuda_error("cudaMemcpy (to host)", e);
+}
+
+std::string synchronize_per_thread_stream() {
+  cudaError_t e = cudaStreamSynchronize(cudaStreamPerThread);
+  return e == cudaSuccess ? "" : cuda_error("cudaStreamSynchronize (cudaStreamPerThread)", e);
 }
 
 void synchronize_device() { (void)cudaDeviceSynchronize(); }

@@ -35,8 +35,11 @@ class DeviceIo {
 
   const std::vector<executorch::runtime::EValue>& input_values() const { return input_values_; }
 
- private:
+  // cudaMalloc on the current device (1 byte for an empty tensor), owned by
+  // this object until it is destroyed; nullptr with *error set on failure.
   void* allocate(size_t nbytes, std::string* error);
+
+ private:
 
   std::vector<void*> buffers_;
   std::vector<executorch::extension::TensorPtr> tensors_;
@@ -46,6 +49,19 @@ class DeviceIo {
 // Copies a tensor's bytes to the host whether it lives on the CPU or a CUDA
 // device. An empty string on success.
 std::string copy_to_host(const executorch::aten::Tensor& tensor, std::vector<uint8_t>* out);
+
+// The same into `dst`, which holds `nbytes` bytes: the tensor's size must be
+// exactly that. Allocates nothing.
+std::string copy_to_host(const executorch::aten::Tensor& tensor, void* dst, size_t nbytes);
+
+// Copies `nbytes` from `src`, host or CUDA memory (cudaMemcpyDefault, unified
+// addressing), to host memory `dst`. An empty string on success.
+std::string copy_bytes_to_host(void* dst, const void* src, size_t nbytes);
+
+// Waits for the work this thread queued on cudaStreamPerThread (where the Kiln
+// delegate runs when no kiln::CallerStreamGuard is live). An empty string on
+// success, else the CUDA error.
+std::string synchronize_per_thread_stream();
 
 // Waits for all work on the current device (timing device-resident runs).
 void synchronize_device();

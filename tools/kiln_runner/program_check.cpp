@@ -112,7 +112,9 @@ constexpr unsigned kPlanName = 0, kPlanValues = 2, kPlanInputs = 3, kPlanOutputs
                    kPlanDelegates = 7;
 constexpr unsigned kValueType = 0, kValueVal = 1;
 constexpr uint8_t kKernelTypesTensor = 5;
-constexpr unsigned kTensorScalarType = 0, kTensorSizes = 2, kTensorDimOrder = 3;
+constexpr unsigned kTensorScalarType = 0, kTensorSizes = 2, kTensorDimOrder = 3,
+                   kTensorExtraInfo = 9;
+constexpr unsigned kExtraDeviceType = 3, kExtraDeviceIndex = 4;  // ExtraTensorInfo
 constexpr uint8_t kLastStandardScalarType = 15;  // Byte .. BFloat16
 
 // MethodMeta::input_tensor_meta / output_tensor_meta read, for each value an
@@ -230,9 +232,9 @@ std::string check_delegate_tables(const uint8_t* data, size_t size) {
   return "";
 }
 
-std::string check_delegate_tables_in_file(const std::string& path) {
+std::vector<uint8_t> read_program_flatbuffer(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return "";
+  if (f == nullptr) return {};
   std::fseek(f, 0, SEEK_END);
   size_t want = static_cast<size_t>(std::max(0L, std::ftell(f)));
   std::fseek(f, 0, SEEK_SET);
@@ -247,7 +249,62 @@ std::string check_delegate_tables_in_file(const std::string& path) {
   std::fseek(f, 0, SEEK_SET);
   bytes.resize(std::fread(bytes.data(), 1, want, f));
   std::fclose(f);
+  return bytes;
+}
+
+std::string check_delegate_tables_in_file(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_program_flatbuffer(path);
+  if (bytes.empty()) return "";
   return check_delegate_tables(bytes.data(), bytes.size());
+}
+
+std::string read_io_devices(const uint8_t* data, size_t size, const std::string& method,
+                            std::vector<IoDevice>* inputs, std::vector<IoDevice>* outputs) {
+  const FlatView v(data, size);
+  uint64_t root, plans;
+  uint32_t n_plans;
+  if (!v.deref(0, &root) || !v.child(root, kProgramExecutionPlan, &plans) || plans == 0 ||
+      !v.length(plans, 4, &n_plans))
+    return "the program's execution-plan list is out of bounds";
+  for (uint32_t p = 0; p < n_plans; ++p) {
+    uint64_t plan, name, values, lists[2];
+    uint32_t name_length, n_values, n_list[2];
+    if (!v.deref(plans + 4 + 4ull * p, &plan) || !v.child(plan, kPlanName, &name) || name == 0 ||
+        !v.length(name, 1, &name_length))
+      return "an execution plan is out of bounds";
+    if (method.size() != name_length || std::memcmp(data + name + 4, method.data(), name_length) != 0)
+      continue;
+    if (!v.child(plan, kPlanValues, &values) || !v.child(plan, kPlanInputs, &lists[0]) ||
+        !v.child(plan, kPlanOutputs, &lists[1]) || values == 0 || lists[0] == 0 || lists[1] == 0 ||
+        !v.length(values, 4, &n_values) || !v.length(lists[0], 4, &n_list[0]) ||
+        !v.length(lists[1], 4, &n_list[1]))
+      return "method '" + method + "' lacks its values, inputs or outputs";
+    std::vector<IoDevice>* out[2] = {inputs, outputs};
+    for (int l = 0; l < 2; ++l) {
+      out[l]->assign(n_list[l], IoDevice{});
+      for (uint32_t i = 0; i < n_list[l]; ++i) {
+        uint32_t index;
+        uint64_t value, type_at, tensor, extra, device_at, index_at;
+        if (!v.u32(lists[l] + 4 + 4ull * i, &index) || index >= n_values ||
+            !v.deref(values + 4 + 4ull * index, &value) || !v.field(value, kValueType, &type_at) ||
+            type_at >= v.size())
+          return "an input or output of method '" + method + "' is out of bounds";
+        if (type_at == 0 || v.byte(type_at) != kKernelTypesTensor) continue;  // not a tensor
+        if (!v.child(value, kValueVal, &tensor) || tensor == 0 ||
+            !v.child(tensor, kTensorExtraInfo, &extra))
+          return "an input or output tensor of method '" + method + "' is out of bounds";
+        if (extra == 0) continue;  // no extra info: on the CPU
+        if (!v.field(extra, kExtraDeviceType, &device_at) ||
+            !v.field(extra, kExtraDeviceIndex, &index_at) || device_at >= v.size() ||
+            index_at >= v.size())
+          return "an input or output tensor of method '" + method + "' is out of bounds";
+        (*out[l])[i].type = device_at == 0 ? 0 : v.byte(device_at);
+        (*out[l])[i].index = index_at == 0 ? 0 : static_cast<int8_t>(v.byte(index_at));
+      }
+    }
+    return "";
+  }
+  return "the program has no method '" + method + "'";
 }
 
 }  // namespace kiln::tools

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <executorch/runtime/executor/method_meta.h>
 #include <executorch/runtime/executor/program.h>
@@ -33,6 +34,25 @@ std::string check_delegate_tables(const uint8_t* data, size_t size);
 // program_size, else the whole file). "" when fine or when the file cannot be
 // read (ExecuTorch then says why).
 std::string check_delegate_tables_in_file(const std::string& path);
+
+// The flatbuffer part of a .pte (the extended header's program_size bytes,
+// else the whole file); empty when the file cannot be read.
+std::vector<uint8_t> read_program_flatbuffer(const std::string& path);
+
+// Where a tensor of a method's signature lives, as the program records it
+// (ExecuTorch's Tensor.extra_tensor_info: set for device-resident I/O,
+// kiln.save with the device-resident config). `type` is ExecuTorch's
+// DeviceType: 0 CPU, 1 CUDA; a tensor without the field is on the CPU.
+struct IoDevice {
+  uint8_t type = 0;
+  int8_t index = 0;
+};
+
+// Fills one IoDevice per input and output of method `method` (non-tensor
+// values read as CPU). "" on success, otherwise what is wrong. Bounds-checked
+// like check_delegate_tables, so it is safe on any bytes.
+std::string read_io_devices(const uint8_t* data, size_t size, const std::string& method,
+                            std::vector<IoDevice>* inputs, std::vector<IoDevice>* outputs);
 
 // Module::load_method allocates (and zero-fills) each memory-planned buffer at
 // the size the file states, with std::vector: a damaged size throws
