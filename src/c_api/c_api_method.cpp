@@ -164,6 +164,7 @@ kiln_status kiln_method_set_output(kiln_method* method, size_t index, const kiln
     return fail(KILN_ERROR_INVALID_ARGUMENT, "method '" + ms.name + "' has " + std::to_string(ms.outputs.size()) +
                                                  " outputs, no output " + std::to_string(index));
   IoSlot& s = ms.outputs[index];
+  if (tensor == nullptr && (s.memory_planned || !s.is_tensor)) return ok();  // already the program's own
   if (s.memory_planned || !s.is_tensor)
     return fail(KILN_ERROR_INVALID_ARGUMENT, ms.where("output", index) + "the program places this output itself; only "
                                                  "outputs of a program saved with device-resident I/O take the caller's memory");

@@ -157,8 +157,9 @@ KILN_C_API kiln_status kiln_method_set_input(kiln_method* method, size_t index,
 /* For an output the program leaves to the caller (device-resident I/O): makes
  * the next executions write output `index` into `tensor`'s memory (same rules
  * as inputs) instead of the method's own buffer; NULL returns to the method's
- * own buffer. KILN_ERROR_INVALID_ARGUMENT for an output the program plans
- * itself. */
+ * own buffer (for an output the program places itself, NULL does nothing).
+ * KILN_ERROR_INVALID_ARGUMENT for a tensor given for an output the program
+ * places itself. */
 KILN_C_API kiln_status kiln_method_set_output(kiln_method* method, size_t index,
                                               const kiln_tensor* tensor);
 
