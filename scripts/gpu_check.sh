@@ -81,10 +81,22 @@ if [ -f "$bundle/sm_targets/manifest.json" ]; then
 else
   echo "($bundle/sm_targets not carried: SM-targets test skipped)"
 fi
+# kiln_runtime, the torch-free Python runtime over libkiln_c_api.so (issue 14;
+# files from tests/gpu/export_python_runtime.py): numpy and torch-CUDA DLPack
+# inputs against PyTorch, device-resident outputs through DLPack.
+pyrt_failed=0
+if [ -f "$bundle/python_runtime/manifest.json" ] && [ -f build-gpu/src/c_api/libkiln_c_api.so ]; then
+  KILN_RUNTIME_LIBRARY="$PWD/build-gpu/src/c_api/libkiln_c_api.so" PYTHONUNBUFFERED=1 \
+    python3 tests/gpu/python_runtime_test.py --files "$bundle/python_runtime" 2>&1 | grep -vE "^I " |
+    tee "$out/python_runtime.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || pyrt_failed=1
+else
+  echo "($bundle/python_runtime not carried: Python runtime test skipped)"
+fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
   [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] &&
-    [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ]
+    [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ] && [ "$pyrt_failed" = 0 ]
   exit
 fi
 
@@ -108,4 +120,5 @@ if [ "$app_failed" = 0 ]; then
     { echo "FAIL  consumer app exit $?"; app_failed=1; }
 fi
 [ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
-  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ]
+  [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ] &&
+  [ "$pyrt_failed" = 0 ]

@@ -4,7 +4,8 @@
 # ExecuTorch C++ SDK from the wheel, the exported sample models (models/) and
 # op conformance models (conformance/) with their weights and manifests, the
 # two-method models of the multi-method test (multi_method/), the SM-targets
-# test's models (sm_targets/), the
+# test's models (sm_targets/), the Python runtime test's models
+# (python_runtime/), the
 # commit they came from, and the benchmark models (benchmarks/export_models.py:
 # xz archives in carry groups vision_a, vision_b, ...). Each carried call
 # holds at most 64 MiB, so carry executorch_sdk + COMMIT with EITHER models/
@@ -31,6 +32,10 @@ PYTHONPATH=python python3 tests/gpu/export_multi_method.py --out "$bundle/multi_
 # One model for several target_sms: cubin, PTX JIT and refusal (about 1 MB).
 rm -rf "$bundle/sm_targets"
 PYTHONPATH=python python3 tests/gpu/export_sm_targets.py --out "$bundle/sm_targets"
+# kiln_runtime (the torch-free Python runtime): six small models with
+# references, two with device-resident I/O (about 1.2 MiB).
+rm -rf "$bundle/python_runtime"
+PYTHONPATH=python python3 tests/gpu/export_python_runtime.py --out "$bundle/python_runtime"
 if [ "${KILN_SKIP_VISION:-0}" = 1 ]; then
   echo "vision export skipped (KILN_SKIP_VISION=1); kept: $(ls -d "$bundle"/vision_* 2>/dev/null | tr '\n' ' ')"
 else
