@@ -57,6 +57,22 @@ set_target_properties(executorch_backend_kiln kiln_caller_stream PROPERTIES
 
 install(TARGETS executorch_backend_kiln kiln_caller_stream
   LIBRARY DESTINATION ${_kiln_libdir} COMPONENT kiln_runtime)
+# libkiln_c_api.so (src/c_api) and its C header. In the wheel it goes to the
+# torch-free Python package kiln_runtime/lib/ (beside it: the delegate in
+# ../../kiln_executorch_runtime/lib, ExecuTorch in ../../executorch/lib); in a
+# CMake install, beside the delegate.
+if(TARGET kiln_c_api)
+  if(SKBUILD)
+    set(_kiln_c_api_dir kiln_runtime/lib)
+  else()
+    set(_kiln_c_api_dir ${_kiln_libdir})
+  endif()
+  set_target_properties(kiln_c_api PROPERTIES INSTALL_RPATH
+    "$ORIGIN;$ORIGIN/../../kiln_executorch_runtime/lib;${_kiln_install_rpath}")
+  install(TARGETS kiln_c_api LIBRARY DESTINATION ${_kiln_c_api_dir} COMPONENT kiln_runtime)
+  install(FILES ${PROJECT_SOURCE_DIR}/src/c_api/include/kiln/c_api.h
+    DESTINATION ${_kiln_incdir}/kiln COMPONENT kiln_runtime)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/src/caller_stream/include/kiln/caller_stream.h
   DESTINATION ${_kiln_incdir}/kiln COMPONENT kiln_runtime)
 install(FILES
@@ -73,6 +89,8 @@ if(SKBUILD)
     PATTERN "include" EXCLUDE)
   install(FILES ${_kiln_gen}/_build_info.py DESTINATION kiln_executorch_runtime
     COMPONENT kiln_runtime)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/kiln_runtime/ DESTINATION kiln_runtime
+    COMPONENT kiln_runtime FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE PATTERN "lib" EXCLUDE)
   if(TARGET _kiln_compiler)
     set_target_properties(_kiln_compiler PROPERTIES INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR}")
     install(TARGETS _kiln_compiler LIBRARY DESTINATION kiln COMPONENT kiln_compiler)

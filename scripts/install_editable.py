@@ -1,8 +1,9 @@
-"""Installs this checkout's Python packages, `kiln` and
-`kiln_executorch_runtime`, into the interpreter running this script, in
-place: the installed distribution is a .pth file naming this checkout's
-python/ folder (what the build fills: the compiler extension in python/kiln,
-the delegate libraries in python/kiln_executorch_runtime/lib), plus the
+"""Installs this checkout's Python packages, `kiln`,
+`kiln_executorch_runtime` and `kiln_runtime`, into the interpreter running
+this script, in place: the installed distribution is a .pth file naming this
+checkout's python/ folder (what the build fills: the compiler extension in
+python/kiln, the delegate libraries in python/kiln_executorch_runtime/lib,
+libkiln_c_api.so in python/kiln_runtime/lib), plus the
 `kiln` command. Edits and rebuilds need no reinstall; `pip uninstall kiln`
 removes it. Called by scripts/setup.sh after the build.
 
@@ -79,7 +80,7 @@ def write_wheel(folder: Path, version: str) -> Path:
             "Tag: py3-none-any\n"
         ).encode(),
         f"{dist_info}/entry_points.txt": b"[console_scripts]\nkiln = kiln.__main__:main\n",
-        f"{dist_info}/top_level.txt": b"kiln\nkiln_executorch_runtime\n",
+        f"{dist_info}/top_level.txt": b"kiln\nkiln_executorch_runtime\nkiln_runtime\n",
     }
     record = [_record_line(name, data) for name, data in files.items()] + [f"{dist_info}/RECORD,,"]
     files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
@@ -115,7 +116,7 @@ def main() -> int:
                          f"(exit {result.returncode}); see pip's message above")
     if not installed_here():
         raise SystemExit(f"install_editable: pip installed {wheel}, but {sys.executable} does not see it")
-    print(f"install_editable: kiln and kiln_executorch_runtime installed in place from {PYTHON_DIR}")
+    print(f"install_editable: kiln, kiln_executorch_runtime and kiln_runtime installed in place from {PYTHON_DIR}")
     return 0
 
 

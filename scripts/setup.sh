@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Kiln needs on a fresh Debian/Ubuntu machine (as root, or with
 # sudo available), builds it into build/ and installs this checkout's Python
-# packages (kiln, kiln_executorch_runtime) in place into the interpreter it
+# packages (kiln, kiln_executorch_runtime, kiln_runtime) in place into the interpreter it
 # used ($PYTHON, else python3), so `import kiln` and `python3 -m kiln` work
 # without PYTHONPATH. Safe to run again: installed packages are kept and the
 # build is incremental.
@@ -52,4 +52,4 @@ log "building (log: build/build.log)"
 #    (scripts/install_editable.py; replaces any other kiln in this interpreter).
 $python scripts/install_editable.py || exit 1
 log "done: build/ holds kiln_runner, the delegate and the tests; python/kiln holds the compiler extension;" \
-  "kiln and kiln_executorch_runtime are installed from $PWD/python into $($python -c 'import sys; print(sys.executable)')"
+  "kiln, kiln_executorch_runtime and kiln_runtime are installed from $PWD/python into $($python -c 'import sys; print(sys.executable)')"

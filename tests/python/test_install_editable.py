@@ -41,11 +41,13 @@ def test_install_editable_points_the_interpreter_at_this_checkout(tmp_path):
     assert _run([python, SCRIPT, "--check"], tmp_path, env).returncode == 0
 
     # From a folder outside the checkout, without PYTHONPATH.
-    where = _run([python, "-c", "import kiln, kiln_executorch_runtime; "
-                  "print(kiln.__file__); print(kiln_executorch_runtime.__file__)"], tmp_path, env)
+    where = _run([python, "-c", "import kiln, kiln_executorch_runtime, kiln_runtime; "
+                  "print(kiln.__file__); print(kiln_executorch_runtime.__file__); print(kiln_runtime.__file__)"],
+                 tmp_path, env)
     assert where.returncode == 0, where.stderr
     assert where.stdout.split() == [str(ROOT / "python" / "kiln" / "__init__.py"),
-                                    str(ROOT / "python" / "kiln_executorch_runtime" / "__init__.py")]
+                                    str(ROOT / "python" / "kiln_executorch_runtime" / "__init__.py"),
+                                    str(ROOT / "python" / "kiln_runtime" / "__init__.py")]
     # The command lives where the install happened: the venv, or the base interpreter's bin.
     command = (Path(sys.executable).parent if base_here else venv / "bin") / "kiln"
     usage = _run([command, "--help"], tmp_path, env)
