@@ -6,6 +6,7 @@ import copy
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,9 +20,9 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from . import _constant_fold, _trial, _weights
+from . import _constant_fold, _timing, _trial, _weights
 from ._logging import announce, progress
-from ._options import DEFAULT_TARGET_SMS, KilnOptions, validate_options
+from ._options import KilnOptions, validate_options
 from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu, PartitionSummary
 
 logger = logging.getLogger("kiln")
@@ -167,15 +168,16 @@ def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
             progress.reset()
             partitioners = {name: KilnPartitioner(options, decompose_linear=decompose) for name in programs}
             try:
-                manager = to_edge_transform_and_lower(
-                    programs if isinstance(exported_program, dict) else exported_program,
-                    partitioner={name: [p] for name, p in partitioners.items()}
-                    if isinstance(exported_program, dict) else [partitioners["forward"]],
-                    compile_config=edge_compile_config(),
-                    # export-time constant folding of the edge program (_constant_fold.py)
-                    transform_passes=_constant_fold.transform_passes(),
-                    constant_methods=constant_methods or None,
-                )
+                with _timing.lowering():
+                    manager = to_edge_transform_and_lower(
+                        programs if isinstance(exported_program, dict) else exported_program,
+                        partitioner={name: [p] for name, p in partitioners.items()}
+                        if isinstance(exported_program, dict) else [partitioners["forward"]],
+                        compile_config=edge_compile_config(),
+                        # export-time constant folding of the edge program (_constant_fold.py)
+                        transform_passes=_constant_fold.transform_passes(),
+                        constant_methods=constant_methods or None,
+                    )
             except LinearLeftToCpu as e:
                 if attempt == 2:
                     raise
@@ -231,6 +233,10 @@ class CompiledProgram:
     summaries: dict[str, PartitionSummary] = field(default_factory=dict)
     model_id: str = ""
     constant_methods: dict[str, Any] = field(default_factory=dict)
+    # Seconds of kiln.compile's phases (kiln.save adds its own and prints them).
+    phases: _timing.ExportPhases = field(default_factory=_timing.ExportPhases)
+    # kiln.compile's phases plus the last kiln.save's (None before a save).
+    saved_phases: _timing.ExportPhases | None = None
 
     @property
     def methods(self) -> list[str]:
@@ -254,7 +260,7 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     arg_inputs: Sequence[torch.Tensor] | None = None,
     enabled_precisions: Any = frozenset({torch.float32}),
     min_block_size: int = 1,
-    target_sms: Sequence[int] = DEFAULT_TARGET_SMS,
+    target_sms: Sequence[int] | None = None,
     use_cuda_graphs: bool | None = None,
     conv_gemm: str = "all",
     depthwise_kernels: bool = True,
@@ -276,9 +282,12 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
       enabled_precisions: dtypes engines may compute in, a subset of
         {torch.float32, torch.float16, torch.bfloat16}.
       min_block_size: partitions with fewer ops stay on the CPU.
-      target_sms: GPU architectures to build cubins for (75 or newer; default
-        every SM from 80 to 120 that CUDA 13 builds for); PTX for the oldest
-        is added so a GPU with no cubin here can JIT it.
+      target_sms: GPU architectures the engines run on without a JIT (75 or
+        newer). None (default): every SM from 80 to 120 that CUDA 13 builds
+        for (DEFAULT_TARGET_SMS), covered by one cubin per major (sm_80,
+        sm_90, sm_100, sm_110, sm_120: an sm_80 cubin runs on sm_86/87/89).
+        A list: a cubin for each SM named, exactly. PTX for the oldest is
+        added so a GPU with no cubin here can JIT it.
       use_cuda_graphs: baked into the engines; None leaves it to the runtime.
       conv_gemm: 1x1 convolutions as cuBLASLt GEMMs: "all" (strided ones
         through a gather kernel, and so are convolutions whose kernel equals
@@ -343,10 +352,12 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
                     raise type(e)(f"method {name!r}: {e}") from None
         else:
             check_arg_inputs(programs["forward"], arg_inputs)
-    manager, summaries = lower(programs if given_dict else programs["forward"], options, constant_methods)
+    phases = _timing.ExportPhases()
+    with _timing.recording(phases):
+        manager, summaries = lower(programs if given_dict else programs["forward"], options, constant_methods)
     return CompiledProgram(manager, options, merge_summaries(summaries),
                            programs if given_dict else programs["forward"], summaries, model_id,
-                           constant_methods)
+                           constant_methods, phases)
 
 
 def _device_io_requested(backend_config: ExecutorchBackendConfig | None) -> bool:
@@ -449,6 +460,16 @@ def save(
         if ptd_path.resolve() == Path(path).resolve():
             raise ValueError("kiln.save: external_weights must differ from the .pte path")
 
+    phases = compiled.phases.copy()
+    with _timing.recording(phases):
+        path = _save(compiled, path, use_cuda_graphs, backend_config, ptd_path, phases)
+    compiled.saved_phases = phases
+    announce(phases.line())
+    return path
+
+
+def _save(compiled: CompiledProgram, path, use_cuda_graphs, backend_config, ptd_path, phases) -> Path:
+    """save()'s body; records its seconds in `phases`."""
     manager = compiled.edge_program_manager
     cuda_graphs = compiled.options.cuda_graphs_choice if use_cuda_graphs is None else use_cuda_graphs
     # Device-resident I/O: the delegates must declare their GPU so ExecuTorch
@@ -459,7 +480,9 @@ def save(
     # to_executorch leaves its memory plan on the program it is given, and a
     # second save with another config would trip over it: save a copy, so
     # `compiled` stays as kiln.compile made it.
+    copy_start = time.perf_counter()
     manager = copy.deepcopy(manager)
+    phases.add("serialize", time.perf_counter() - copy_start)
     retagged = False
     if cuda_graphs is compiled.options.cuda_graphs_choice and target_device != compiled.options.target_device:
         # Only the delegates' target_device compile spec differs, and no
@@ -478,6 +501,7 @@ def save(
             enabled_precisions=set(compiled.options.enabled_precisions),
             min_block_size=compiled.options.min_block_size,
             target_sms=compiled.options.target_sms,
+            cubin_sms=compiled.options.cubin_sms,
             use_cuda_graphs=cuda_graphs,
             emit_ptx=compiled.options.emit_ptx,
             target_device=target_device,
@@ -489,6 +513,7 @@ def save(
         )
         manager, _ = lower(compiled.exported_program, options, compiled.constant_methods)
 
+    start = time.perf_counter()
     if ptd_path is not None:
         _weights.move_to_external_file(manager, ptd_path.name)
     program = manager.to_executorch(backend_config) if backend_config is not None else manager.to_executorch()
@@ -499,6 +524,7 @@ def save(
     logger.info("kiln: wrote %s (%d bytes)", path, path.stat().st_size)
     if ptd_path is not None:
         _write_ptd(program, ptd_path)
+    phases.add("serialize", time.perf_counter() - start)
     return path
 
 

@@ -35,11 +35,33 @@ MIN_SM = 75
 DEFAULT_TARGET_SMS = (80, 86, 87, 89, 90, 100, 110, 120)
 
 
+def one_cubin_per_major(target_sms) -> tuple[int, ...]:
+    """The oldest SM of each major in `target_sms`: cubins for these cover
+    every SM listed, because CUDA runs sm_X.y machine code on sm_X.z for
+    z >= y (the runtime picks that cubin: kernel_code_choice.h)."""
+    oldest: dict[int, int] = {}
+    for sm in target_sms:
+        oldest[sm // 10] = min(sm, oldest.get(sm // 10, sm))
+    return tuple(sorted(oldest.values()))
+
+
+# The cubins the default targets get: one per major, sm_80 (serving sm_86,
+# sm_87 and sm_89), sm_90, sm_100, sm_110 and sm_120, plus PTX compute_80.
+# ptxas per SM dominated export time (densenet201: 8 assemblies of one large
+# module); the three minor-version cubins were copies of sm_80's code paths
+# anyway (kernels are chosen for the oldest SM: OpOptions::min_target_sm).
+# An explicit target_sms list gets exactly the cubins it names.
+DEFAULT_CUBIN_SMS = one_cubin_per_major(DEFAULT_TARGET_SMS)
+
+
 @dataclass(frozen=True)
 class KilnOptions:
     enabled_precisions: tuple[str, ...] = ("float32",)
     min_block_size: int = 1
     target_sms: tuple[int, ...] = DEFAULT_TARGET_SMS
+    # The SMs that get a cubin; () = one for each of target_sms (an explicit
+    # list). The default targets get DEFAULT_CUBIN_SMS.
+    cubin_sms: tuple[int, ...] = DEFAULT_CUBIN_SMS
     use_cuda_graphs: int = -1  # -1: no choice baked in, 0: off, 1: on
     emit_ptx: bool = True
     # "" keeps the delegate's inputs and outputs on the host; "cuda:0" tells
@@ -68,6 +90,8 @@ class KilnOptions:
         return [
             CompileSpec("enabled_precisions", ",".join(self.enabled_precisions).encode()),
             CompileSpec("target_sms", ",".join(str(sm) for sm in self.target_sms).encode()),
+        ] + ([CompileSpec("cubin_sms", ",".join(str(sm) for sm in self.cubin_sms).encode())]
+             if self.cubin_sms else []) + [
             CompileSpec("use_cuda_graphs", str(self.use_cuda_graphs).encode()),
             CompileSpec("min_block_size", str(self.min_block_size).encode()),
             CompileSpec("emit_ptx", b"1" if self.emit_ptx else b"0"),
@@ -87,6 +111,8 @@ class KilnOptions:
                 values["enabled_precisions"] = tuple(p for p in text.split(",") if p)
             elif spec.key == "target_sms":
                 values["target_sms"] = tuple(int(s) for s in text.split(",") if s)
+            elif spec.key == "cubin_sms":
+                values["cubin_sms"] = tuple(int(s) for s in text.split(",") if s)
             elif spec.key == "use_cuda_graphs":
                 values["use_cuda_graphs"] = int(text)
             elif spec.key == "min_block_size":
@@ -111,6 +137,7 @@ class KilnOptions:
             enabled_precisions=values.get("enabled_precisions", ("float32",)),
             min_block_size=values.get("min_block_size", 1),
             target_sms=values.get("target_sms", DEFAULT_TARGET_SMS),
+            cubin_sms=values.get("cubin_sms", ()),
             use_cuda_graphs={-1: None, 0: False, 1: True}.get(
                 values.get("use_cuda_graphs", -1), "bad"
             ),
@@ -154,7 +181,7 @@ def _precision_name(value: Any) -> str:
 def validate_options(
     enabled_precisions: Any = (torch.float32,),
     min_block_size: Any = 1,
-    target_sms: Any = DEFAULT_TARGET_SMS,
+    target_sms: Any = None,
     use_cuda_graphs: Any = None,
     emit_ptx: Any = True,
     target_device: Any = "",
@@ -163,9 +190,14 @@ def validate_options(
     gemv_kernels: Any = True,
     debug_dir: Any = None,
     weights_prefix: Any = "",
+    cubin_sms: Any = None,
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
-    ValueError naming the argument."""
+    ValueError naming the argument.
+
+    target_sms None: DEFAULT_TARGET_SMS with DEFAULT_CUBIN_SMS (one cubin
+    per major). A list: a cubin for each SM named, unless `cubin_sms` (the
+    round trip of compile specs; not a user option) says which."""
     if isinstance(enabled_precisions, (torch.dtype, str)):
         enabled_precisions = {enabled_precisions}
     if not isinstance(enabled_precisions, (set, frozenset, list, tuple)):
@@ -183,6 +215,9 @@ def validate_options(
     if min_block_size < 1:
         raise ValueError(f"min_block_size: must be >= 1, got {min_block_size}")
 
+    default_targets = target_sms is None
+    if default_targets:
+        target_sms = DEFAULT_TARGET_SMS
     if isinstance(target_sms, int):
         target_sms = (target_sms,)
     if not isinstance(target_sms, (list, tuple, set, frozenset)):
@@ -203,6 +238,17 @@ def validate_options(
         sms.append(sm)
     if not sms:
         raise ValueError("target_sms: must name at least one SM")
+    if default_targets:
+        cubins = DEFAULT_CUBIN_SMS
+    elif cubin_sms:
+        cubins = tuple(sorted(set(cubin_sms)))
+        if set(cubins) == set(sms):
+            cubins = ()  # the same as one cubin per target
+        elif not set(cubins) <= set(sms) or one_cubin_per_major(sms) != one_cubin_per_major(cubins):
+            raise ValueError(f"cubin_sms: {list(cubins)} must be target SMs covering every target SM "
+                             f"{sorted(set(sms))} with one of its major and an older or equal minor")
+    else:
+        cubins = ()
 
     if use_cuda_graphs is None:
         cuda_graphs = -1
@@ -236,6 +282,7 @@ def validate_options(
         enabled_precisions=precisions,
         min_block_size=min_block_size,
         target_sms=tuple(sorted(set(sms))),
+        cubin_sms=cubins,
         use_cuda_graphs=cuda_graphs,
         emit_ptx=emit_ptx,
         target_device=target_device,

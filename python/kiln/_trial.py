@@ -139,11 +139,24 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
     the front end goes through here."""
     from ._logging import progress as lowering_progress
 
+    from . import _timing
+
     check_injected(built.node_ops)
     start = time.perf_counter()
-    engine = native().compile(
+    try:
+        engine = _native_compile(built, options, progress)
+    finally:
+        _timing.compiled(time.perf_counter() - start)
+    if progress is not None:
+        lowering_progress.compiled(time.perf_counter() - start, SLOW_COMPILE_S)
+    return bytes(engine)
+
+
+def _native_compile(built, options, progress):
+    return native().compile(
         built.graph,
         target_sms=list(options.target_sms),
+        cubin_sms=list(options.cubin_sms),
         emit_ptx=options.emit_ptx,
         enabled_precisions=list(options.enabled_precisions),
         use_cuda_graphs=options.use_cuda_graphs,
@@ -153,9 +166,6 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
         gemv_kernels=options.gemv_kernels,
         debug_dir=_compile_debug_dir(options.debug_dir),
     )
-    if progress is not None:
-        lowering_progress.compiled(time.perf_counter() - start, SLOW_COMPILE_S)
-    return bytes(engine)
 
 
 def _compile_debug_dir(root: str) -> str:

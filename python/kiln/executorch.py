@@ -12,7 +12,6 @@ from executorch.exir import EdgeProgramManager
 from torch.export import ExportedProgram
 
 from ._compile import compile_as
-from ._options import DEFAULT_TARGET_SMS
 
 
 def export(
@@ -20,7 +19,7 @@ def export(
     arg_inputs: Sequence[torch.Tensor] | None = None,
     enabled_precisions: Any = frozenset({torch.float32}),
     min_block_size: int = 1,
-    target_sms: Sequence[int] = DEFAULT_TARGET_SMS,
+    target_sms: Sequence[int] | None = None,
     use_cuda_graphs: bool | None = None,
     conv_gemm: str = "all",
     depthwise_kernels: bool = True,

@@ -71,11 +71,38 @@ def _tensor(info: dict, index: int) -> dict:
             "offset": t["offset"], "nbytes": t["nbytes"]}
 
 
+def code_for_sm(module: dict, sm: int) -> str:
+    """What a GPU of `sm` runs of `module`, by the runtime's rule
+    (src/runtime/steps/kernel_code_choice.h): "cubin sm_90", "cubin sm_80"
+    (same major, older minor), "PTX compute_80" (JIT-compiled at load), or
+    "" (refused)."""
+    same_major = [c for c in module["sms"] if c // 10 == sm // 10 and c <= sm]
+    if same_major:
+        return f"cubin sm_{max(same_major)}"
+    if module.get("ptx_sm") and module["ptx_sm"] <= sm:
+        return f"PTX compute_{module['ptx_sm']}"
+    return ""
+
+
+def _coverage(engine: dict) -> list[dict]:
+    """For each SM of the engine's target_sms metadata: the code it runs
+    (every module the same way, else the first module's choice with
+    the others listed)."""
+    modules = engine["modules"]
+    targets = [int(s) for s in dict(engine["metadata"]).get("target_sms", "").split(",") if s]
+    out = []
+    for sm in targets:
+        choices = sorted({code_for_sm(m, sm) for m in modules}) if modules else ["library code only"]
+        out.append({"sm": sm, "code": " / ".join(c or "none" for c in choices)})
+    return out
+
+
 def _summarize(engine: dict) -> None:
     """Adds the derived views (code SMs, I/O, memory plan) to an engine dict."""
     modules = engine["modules"]
     engine["sms"] = sorted({sm for m in modules for sm in m["sms"]})
     engine["ptx_sms"] = sorted({m["ptx_sm"] for m in modules if m.get("ptx_sm")})
+    engine["coverage"] = _coverage(engine)
     engine["io"] = {"inputs": [_tensor(engine, i) for i in engine["inputs"]],
                     "outputs": [_tensor(engine, i) for i in engine["outputs"]]}
     arena = [_tensor(engine, i) for i, t in enumerate(engine["tensors"]) if t["storage"] == "arena"]
@@ -188,6 +215,16 @@ def _describe_engine(e: dict) -> list[str]:
     lines = [
         f"engine {e['delegate_index']} ({e['backend']} in '{e['method']}'): {e['bytes']:,} bytes",
         f"  code for: {code}",
+    ]
+    if e["modules"] and e["coverage"]:
+        def how(c: dict) -> str:
+            if c["code"] == f"cubin sm_{c['sm']}":
+                return "cubin"
+            if c["code"].startswith("cubin "):
+                return c["code"].removeprefix("cubin ") + " cubin"
+            return c["code"] + (" JIT at load" if c["code"].startswith("PTX") else "")
+        lines.append("  target SMs covered: " + ", ".join(f"sm_{c['sm']} ({how(c)})" for c in e["coverage"]))
+    lines += [
         "  options baked in: " + ", ".join(f"{k}={v}" for k, v in sorted(meta.items())),
         "  compile specs: " + ", ".join(f"{k}={v}" for k, v in sorted(e["compile_specs"].items())),
     ]

@@ -30,7 +30,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import _fx_nodes, _trial
+from . import _fx_nodes, _timing, _trial
 from ._logging import announce, progress
 from ._native import CompileError, native
 from ._options import KilnOptions, validate_options
@@ -364,6 +364,9 @@ class KilnPartitioner(Partitioner):
             announce(f"kiln: {op} x{len(rest)} more left to the CPU: {reason}")
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        edge_s = _timing.partition_started()
+        if edge_s is not None and edge_s >= _timing.SLOW_PHASE_S:
+            announce(f"kiln: edge program (ATen decomposition, constant folding) in {edge_s:.1f} s")
         graph_module = exported_program.graph_module
         support = KilnOperatorSupport(exported_program)
         if self.decompose_linear:

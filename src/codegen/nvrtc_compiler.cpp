@@ -13,9 +13,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "codegen/kernel_disk_cache.h"
 #include "ir/graph.h"
 
 namespace kiln::codegen {
@@ -42,13 +44,16 @@ struct ProgramDeleter {
 };
 using Program = std::unique_ptr<nvrtcProgram, ProgramDeleter>;
 
+// NVRTC's options besides the arch (part of the disk cache's key).
+// No fast-math: results must match PyTorch's to float32 rounding.
+constexpr const char* kNvrtcOptions = "--std=c++17 -default-device";
+
 Program compile(const std::string& name, const std::string& source, const std::string& arch) {
   Program program(new nvrtcProgram(nullptr));
   check(nvrtcCreateProgram(program.get(), source.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr),
         "nvrtcCreateProgram");
   std::string arch_flag = "--gpu-architecture=" + arch;
-  // No fast-math: results must match PyTorch's to float32 rounding.
-  const char* options[] = {arch_flag.c_str(), "--std=c++17", "-default-device"};
+  const char* options[] = {arch_flag.c_str(), "--std=c++17", "-default-device"};  // = kNvrtcOptions
   nvrtcResult result = nvrtcCompileProgram(*program, 3, options);
   if (result != NVRTC_SUCCESS) {
     size_t log_size = 0;
@@ -91,10 +96,19 @@ class Cache {
     ++stats_.hits;
     return it->second;
   }
-  // `assembled`: a PTX->cubin step (nvJitLink), else an NVRTC compile.
-  void put(const std::string& key, ArtifactPtr artifact, bool assembled) {
+  void count_disk(bool hit) {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++(assembled ? stats_.assembles : stats_.compiles);
+    ++(hit ? stats_.disk_hits : stats_.disk_writes);
+  }
+  void add_seconds(double s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.seconds += s;
+  }
+  // `assembled`: a PTX->cubin step (nvJitLink), else an NVRTC compile;
+  // `built`: false when the artifact came from the disk cache.
+  void put(const std::string& key, ArtifactPtr artifact, bool assembled, bool built = true) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (built) ++(assembled ? stats_.assembles : stats_.compiles);
     if (!entries_.emplace(key, artifact).second) return;
     order_.push_back(key);
     stats_.bytes += cost(key, *artifact);
@@ -144,11 +158,23 @@ ArtifactPtr compile_ptx(const std::string& name, const std::string& source, uint
   const std::string arch = "compute_" + std::to_string(sm);
   const std::string key = cache_key(arch, name, source);
   if (ArtifactPtr hit = cache().find(key)) return hit;
+  const std::string dir = kernel_cache_dir();
+  const std::string disk_key = dir.empty() ? std::string() : kernel_cache_key("ptx " + arch + " " + kNvrtcOptions, name, source);
+  if (!dir.empty()) {
+    if (std::optional<std::string> stored = kernel_cache_read(dir, disk_key); stored && !stored->empty()) {
+      auto artifact = std::make_shared<Artifact>();
+      artifact->ptx = std::move(*stored);
+      cache().count_disk(true);
+      cache().put(key, artifact, false, false);
+      return artifact;
+    }
+  }
   Program program = compile(name, source, arch);
   auto artifact = std::make_shared<Artifact>();
   artifact->ptx = program_ptx(program);
   if (artifact->ptx.empty()) throw CompileError("NVRTC produced no PTX for module '" + name + "'");
   cache().put(key, artifact, false);
+  if (!dir.empty() && kernel_cache_write(dir, disk_key, artifact->ptx)) cache().count_disk(false);
   return artifact;
 }
 
@@ -165,6 +191,18 @@ ArtifactPtr assemble(const std::string& name, const std::string& source, const s
   const std::string arch = "sm_" + std::to_string(sm);
   const std::string key = cache_key(arch + "<compute_" + std::to_string(ptx_sm), name, source);
   if (ArtifactPtr hit = cache().find(key)) return hit;
+  const std::string dir = kernel_cache_dir();
+  const std::string disk_key =
+      dir.empty() ? std::string() : kernel_cache_key("cubin " + arch + "<compute_" + std::to_string(ptx_sm), name, source);
+  if (!dir.empty()) {
+    if (std::optional<std::string> stored = kernel_cache_read(dir, disk_key); stored && !stored->empty()) {
+      auto artifact = std::make_shared<Artifact>();
+      artifact->cubin.assign(stored->begin(), stored->end());
+      cache().count_disk(true);
+      cache().put(key, artifact, true, false);
+      return artifact;
+    }
+  }
   const std::string context = "assembling module '" + name + "' for " + arch;
   const std::string arch_flag = "-arch=" + arch;
   const char* options[] = {arch_flag.c_str()};
@@ -188,6 +226,9 @@ ArtifactPtr assemble(const std::string& name, const std::string& source, const s
   artifact->cubin.resize(size);
   check(nvJitLinkGetLinkedCubin(*link, artifact->cubin.data()), "nvJitLinkGetLinkedCubin", context);
   cache().put(key, artifact, true);
+  if (!dir.empty() &&
+      kernel_cache_write(dir, disk_key, std::string(artifact->cubin.begin(), artifact->cubin.end())))
+    cache().count_disk(false);
   return artifact;
 }
 
@@ -304,6 +345,11 @@ engine::KernelModule compile_module(const std::string& name, const std::string& 
                                     const std::vector<uint32_t>& target_sms, bool emit_ptx,
                                     const std::function<void(const std::string&)>& progress) {
   if (target_sms.empty()) throw CompileError("no target SMs given");
+  const auto start = Clock::now();
+  struct AddSeconds {
+    Clock::time_point start;
+    ~AddSeconds() { cache().add_seconds(std::chrono::duration<double>(Clock::now() - start).count()); }
+  } add_seconds{start};
   engine::KernelModule module;
   module.name = name;
   module.source = source;

@@ -11,7 +11,9 @@
 // and no generated source branches on __CUDA_ARCH__, so each cubin is the
 // code an sm_XX NVRTC compile would run. Results are kept in an in-process
 // cache keyed by (arch, module name, source), so a partition compiled again
-// (a trial compile re-proposed, kiln.save re-lowering) costs nothing.
+// (a trial compile re-proposed, kiln.save re-lowering) costs nothing, and,
+// when KILN_KERNEL_CACHE names a folder, on disk across processes
+// (kernel_disk_cache.h).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,8 @@
 
 namespace kiln::codegen {
 
+// Builds a cubin for each SM in `target_sms` (exactly those; which SMs an
+// engine covers with them is the compiler's business, CompileOptions).
 // Throws CompileError with NVRTC's (or nvJitLink's) log when compilation
 // fails. `progress`, when set, is called on the calling thread as each SM
 // finishes (from threads it is never called). With `emit_ptx` the module
@@ -39,8 +43,11 @@ struct NvrtcCacheStats {
   uint64_t compiles = 0;   // NVRTC programs compiled (one PTX per module and oldest SM)
   uint64_t assembles = 0;  // cubins assembled from PTX by nvJitLink (one per SM)
   uint64_t hits = 0;       // PTX or cubins served from the cache
+  uint64_t disk_hits = 0;    // PTX or cubins read from the on-disk cache (KILN_KERNEL_CACHE)
+  uint64_t disk_writes = 0;  // PTX or cubins written to it
   uint64_t entries = 0;
   uint64_t bytes = 0;
+  double seconds = 0;  // wall time spent in compile_module, hits included
 };
 NvrtcCacheStats nvrtc_cache_stats();
 void clear_nvrtc_cache();

@@ -22,6 +22,30 @@
 namespace kiln::compiler {
 namespace {
 
+// The SMs that get a cubin (CompileOptions::cubin_sms, checked by
+// check_cubin_sms): the given list, else one per target SM.
+std::vector<uint32_t> cubin_sms(const CompileOptions& options) {
+  std::vector<uint32_t> sms = options.cubin_sms.empty() ? options.target_sms : options.cubin_sms;
+  std::sort(sms.begin(), sms.end());
+  sms.erase(std::unique(sms.begin(), sms.end()), sms.end());
+  return sms;
+}
+
+void check_cubin_sms(const CompileOptions& options) {
+  const std::vector<uint32_t>& targets = options.target_sms;
+  for (uint32_t sm : options.cubin_sms)
+    if (std::find(targets.begin(), targets.end(), sm) == targets.end())
+      throw CompileError("cubin SM " + std::to_string(sm) + " is not one of target_sms");
+  if (options.cubin_sms.empty()) return;
+  for (uint32_t sm : targets) {
+    bool covered = false;
+    for (uint32_t c : options.cubin_sms) covered |= c / 10 == sm / 10 && c <= sm;
+    if (!covered)
+      throw CompileError("target SM " + std::to_string(sm) + " has no cubin: cubin_sms must hold sm_" +
+                         std::to_string(sm) + " or an older minor of sm_" + std::to_string(sm / 10) + "x");
+  }
+}
+
 class Lowering final : public ops::LowerContext {
  public:
   Lowering(const ir::Graph& graph, const passes::ExecPlan& plan) : graph_(graph), plan_(plan) {}
@@ -47,14 +71,14 @@ class Lowering final : public ops::LowerContext {
         msg << "generating " << kernels_ << " fused kernel" << (kernels_ == 1 ? "" : "s");
         if (distinct_ < kernels_) msg << " (" << distinct_ << " distinct)";
         msg << " with NVRTC for";
-        for (uint32_t sm : options.target_sms) msg << " sm_" << sm;
+        for (uint32_t sm : cubin_sms(options)) msg << " sm_" << sm;
         if (options.emit_ptx) msg << " + PTX";
         options.progress(msg.str());
       }
       // The SMs compile in parallel; a module compiled before in this process
       // (a re-proposed trial, a re-lowering) comes from NVRTC's cache.
       desc_.modules.push_back(
-          codegen::compile_module("kiln_kernels", source_, options.target_sms, options.emit_ptx, options.progress));
+          codegen::compile_module("kiln_kernels", source_, cubin_sms(options), options.emit_ptx, options.progress));
     }
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
@@ -367,6 +391,7 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
   for (uint32_t sm : options.target_sms)
     if (sm < 75 || sm > 200)
       throw CompileError("target SM " + std::to_string(sm) + " is out of range (CUDA 13 builds for sm_75 and newer)");
+  check_cubin_sms(options);
   for (engine::DType d : options.enabled_precisions)
     if (d != engine::DType::kFloat32 && d != engine::DType::kFloat16 && d != engine::DType::kBFloat16)
       throw CompileError(std::string("enabled precision ") + engine::dtype_name(d) + " is not float32, float16 or bfloat16");

@@ -25,6 +25,15 @@ struct CompileOptions {
   // Ampere on (python/kiln/_options.py DEFAULT_TARGET_SMS is the same list).
   // PTX is added for the oldest one, so GPUs without a cubin here JIT it.
   std::vector<uint32_t> target_sms = {80, 86, 87, 89, 90, 100, 110, 120};
+  // The SMs that get a cubin; empty: one for each of target_sms. Otherwise
+  // each must be one of target_sms, and every target SM must have a cubin
+  // of its major and the same or an older minor: CUDA runs sm_X.y machine
+  // code on sm_X.z for z >= y, and the runtime picks it
+  // (runtime/steps/kernel_code_choice.h). kiln.compile's default targets
+  // get {80, 90, 100, 110, 120} (one per major: the sm_80 cubin serves
+  // sm_86/87/89), which saves three of eight ptxas runs per module. The
+  // engine's target_sms metadata still lists every SM covered.
+  std::vector<uint32_t> cubin_sms;
   bool emit_ptx = true;
   // Dtypes the engine may compute in. A float32 graph with float16 (or
   // bfloat16) enabled computes in that dtype internally and casts at the

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/nvrtc_compiler.h"
 #include "compiler/compiler.h"
 #include "engine_format/engine_format.h"
 #include "convert.h"
@@ -81,11 +82,12 @@ struct ProgressCallbackFailed {};
 nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, bool emit_ptx,
                      std::vector<std::string> enabled_precisions, int use_cuda_graphs,
                      nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
-                     const std::string& debug_dir, bool gemv_kernels) {
+                     const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms) {
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
     throw nb::value_error("use_cuda_graphs must be -1 (no choice), 0 or 1");
   compiler::CompileOptions options;
   options.target_sms = std::move(target_sms);
+  options.cubin_sms = std::move(cubin_sms);
   options.emit_ptx = emit_ptx;
   options.enabled_precisions.clear();
   for (const std::string& name : enabled_precisions)
@@ -210,7 +212,26 @@ NB_MODULE(_kiln_compiler, m) {
         "enabled_precisions"_a = std::vector<std::string>{"float32"},
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",
         "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
-        "Compiles a Graph into serialized engine bytes. Raises CompileError.");
+        "cubin_sms"_a = std::vector<uint32_t>{},
+        "Compiles a Graph into serialized engine bytes. Raises CompileError.\n"
+        "cubin_sms: the SMs that get a cubin (empty: each of target_sms).");
+  m.def(
+      "nvrtc_cache_stats",
+      [] {
+        const codegen::NvrtcCacheStats s = codegen::nvrtc_cache_stats();
+        nb::dict d;
+        d["compiles"] = s.compiles;
+        d["assembles"] = s.assembles;
+        d["hits"] = s.hits;
+        d["disk_hits"] = s.disk_hits;
+        d["disk_writes"] = s.disk_writes;
+        d["entries"] = s.entries;
+        d["bytes"] = s.bytes;
+        d["seconds"] = s.seconds;
+        return d;
+      },
+      "The kernel compiler's process totals: NVRTC compiles, nvJitLink assembles, cache hits (in\n"
+      "process and on disk, KILN_KERNEL_CACHE), disk writes, and wall seconds spent compiling kernels.");
   m.def("pass_names", &compiler::pass_names, "The compiler's passes, in the order they run.");
   m.def("inspect_engine", &inspect_engine, "data"_a,
         "Parses engine bytes into a dict; raises ValueError when they are not a valid engine.");

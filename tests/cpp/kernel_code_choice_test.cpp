@@ -59,6 +59,23 @@ TEST(KernelCodeChoice, DefaultTargetsGiveEveryGpuItsOwnCubin) {
   EXPECT_EQ(std::string(static_cast<const char*>(choose_kernel_code(m, 130)->image)), m.ptx);
 }
 
+TEST(KernelCodeChoice, OneCubinPerMajorCoversTheDefaultTargets) {
+  // What kiln.compile's default targets carry: cubins for sm_80, sm_90,
+  // sm_100, sm_110, sm_120 and PTX compute_80. The minors of Ampere/Ada run
+  // the sm_80 cubin (machine code, no JIT); every other SM its own.
+  const engine::KernelModule m = module_with({80, 90, 100, 110, 120}, 80);
+  const std::vector<std::pair<uint32_t, uint32_t>> expected = {
+      {80, 80}, {86, 80}, {87, 80}, {89, 80}, {90, 90}, {100, 100}, {103, 100}, {110, 110}, {120, 120}, {121, 120}};
+  for (const auto& [gpu, cubin] : expected) {
+    bool ptx = true;
+    EXPECT_EQ(chosen_arch(m, gpu, &ptx), cubin) << "sm_" << gpu;
+    EXPECT_FALSE(ptx) << "sm_" << gpu;
+    EXPECT_EQ(choose_kernel_code(m, gpu)->which, "cubin sm_" + std::to_string(cubin));
+  }
+  // An SM older than every cubin of its major is never given a newer one.
+  EXPECT_FALSE(choose_kernel_code(module_with({86, 90}, 0), 80).is_ok());
+}
+
 TEST(KernelCodeChoice, OrderOfCubinsDoesNotMatter) {
   const engine::KernelModule m = module_with({87, 80, 86}, 0);
   EXPECT_EQ(chosen_arch(m, 86), 86u);

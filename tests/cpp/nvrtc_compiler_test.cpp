@@ -8,7 +8,13 @@
 #include <random>
 #include <string>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "codegen/nvrtc_compiler.h"
+#include "codegen/sha256.h"
 #include "ir/graph.h"
 
 namespace kiln::codegen {
@@ -112,6 +118,79 @@ TEST(NvrtcCompiler, CacheServesRepeatsAndKeysOnSourceAndArch) {
   EXPECT_GT(nvrtc_cache_stats().bytes, 0u);
 }
 
+TEST(Sha256, KnownDigests) {
+  // FIPS 180-4 examples, and one over several blocks fed in pieces.
+  Sha256 abc;
+  abc.update("abc");
+  EXPECT_EQ(abc.hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  Sha256 two_blocks;
+  two_blocks.update("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq");
+  EXPECT_EQ(two_blocks.hex(), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 million;
+  const std::string chunk(1000, 'a');
+  for (int i = 0; i < 1000; ++i) million.update(chunk);
+  EXPECT_EQ(million.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// The on-disk cache (KILN_KERNEL_CACHE): a second process (here: a cleared
+// in-process cache) reads the PTX and cubins instead of compiling them, and
+// gets the same bytes; a damaged entry is a miss that is written again.
+TEST(NvrtcCompiler, DiskCacheServesAnotherProcessAndSurvivesDamage) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kiln_kernel_cache_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  setenv("KILN_KERNEL_CACHE", dir.c_str(), 1);
+  const std::string source = random_source(2);
+  clear_nvrtc_cache();
+  engine::KernelModule first = compile_module("m", source, {80, 90}, true);
+  NvrtcCacheStats s = nvrtc_cache_stats();
+  EXPECT_EQ(s.compiles, 1u);
+  EXPECT_EQ(s.assembles, 2u);
+  EXPECT_EQ(s.disk_writes, 3u);  // the PTX and two cubins
+  EXPECT_EQ(s.disk_hits, 0u);
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) files += entry.path().extension() == ".kc";
+  EXPECT_EQ(files, 3u);
+
+  clear_nvrtc_cache();  // as a new process
+  engine::KernelModule second = compile_module("m", source, {80, 90}, true);
+  s = nvrtc_cache_stats();
+  EXPECT_EQ(s.compiles, 0u);
+  EXPECT_EQ(s.assembles, 0u);
+  EXPECT_EQ(s.disk_hits, 3u);
+  EXPECT_EQ(second.ptx, first.ptx);
+  ASSERT_EQ(second.cubins.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(second.cubins[i].image, first.cubins[i].image);
+
+  // Another source is a miss (the key is the whole source).
+  std::string other = source;
+  other.replace(other.find("% 97LL"), 6, "% 89LL");
+  compile_module("m", other, {90}, false);
+  EXPECT_EQ(nvrtc_cache_stats().compiles, 1u);
+
+  // Flip a byte in every entry: each is a miss, compiled and written again.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const auto last = static_cast<std::streamoff>(fs::file_size(entry.path()) - 1);
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(last);
+    const char byte = static_cast<char>(f.get());
+    f.seekp(last);
+    f.put(static_cast<char>(byte ^ 0x5a));
+  }
+  clear_nvrtc_cache();
+  engine::KernelModule third = compile_module("m", source, {80, 90}, true);
+  s = nvrtc_cache_stats();
+  EXPECT_EQ(s.compiles, 1u);
+  EXPECT_EQ(s.assembles, 2u);
+  EXPECT_EQ(s.disk_hits, 0u);
+  EXPECT_EQ(third.cubins[1].image, first.cubins[1].image);
+  clear_nvrtc_cache();
+  compile_module("m", source, {80, 90}, true);
+  EXPECT_EQ(nvrtc_cache_stats().disk_hits, 3u);
+  unsetenv("KILN_KERNEL_CACHE");
+  fs::remove_all(dir);
+}
+
 TEST(NvrtcCompiler, ErrorsNameTheModuleWhenCompiledOnThreads) {
   set_threads("2");
   const std::string bad = random_source(1) + "extern \"C\" __global__ void broken() { undeclared_thing(); }\n";
@@ -187,6 +266,35 @@ TEST(KernelDedup, IdenticalKernelsShareOneFunction) {
   EXPECT_TRUE(said);
   // Steps keep their own tensors: only the function is shared.
   EXPECT_NE(d.steps[0].kernel.args[0].tensor, d.steps[1].kernel.args[0].tensor);
+}
+
+// cubin_sms: the engine covers every target SM with fewer cubins (one per
+// major here); the metadata keeps the targets; a set that leaves a target
+// without a cubin of its major is refused.
+TEST(CubinSms, OneCubinPerMajorCoversTheTargets) {
+  using engine::DType;
+  ir::Graph g;
+  int x = g.add_input("x", DType::kFloat32, {4, 6});
+  int s = g.add_node("aten.sigmoid.default", "sig", {x}, {}, {{DType::kFloat32, {4, 6}}});
+  g.set_outputs({g.nodes()[s].outputs[0]});
+  compiler::CompileOptions options;
+  options.target_sms = {80, 86, 89, 90};
+  options.cubin_sms = {80, 90};
+  engine::EngineDesc d = compiler::compile_to_desc(g, options);
+  ASSERT_EQ(d.modules.size(), 1u);
+  std::vector<uint32_t> sms;
+  for (const auto& c : d.modules[0].cubins) sms.push_back(c.sm);
+  EXPECT_EQ(sms, (std::vector<uint32_t>{80, 90}));
+  EXPECT_EQ(d.modules[0].ptx_sm, 80u);
+  std::string targets;
+  for (const auto& [k, v] : d.metadata)
+    if (k == "target_sms") targets = v;
+  EXPECT_EQ(targets, "80,86,89,90");
+
+  options.cubin_sms = {86, 90};  // sm_80 has no cubin of its major at or below it
+  EXPECT_THROW(compiler::compile_to_desc(g, options), CompileError);
+  options.cubin_sms = {80, 100};  // not a target
+  EXPECT_THROW(compiler::compile_to_desc(g, options), CompileError);
 }
 
 }  // namespace

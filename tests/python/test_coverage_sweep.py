@@ -54,6 +54,33 @@ def test_small_models_export_with_every_op_in_kiln(records):
         assert r["compile_fallbacks"] == []
         assert r["pte_mib"] > 0 and (pte_dir / r["pte"]).exists()
         assert r["outputs"] == [[1, 1000]]
+        assert r["target_sms"] == [90]
+        # where the seconds went, as kiln.save's last line says (plus torch.export)
+        assert set(r["phases"]) == {"torch.export", "edge", "partition", "engine compile", "kernels", "serialize"}
+        assert sum(v for k, v in r["phases"].items() if k != "kernels") <= r["export_s"] + 0.5
+
+
+def test_redo_over_exports_only_the_slow_records_again(tmp_path, monkeypatch):
+    slow = {"model": "resnet18", "kind": "classification", "dtype": "float32", "status": "pass", "params": 11e6,
+            "export_s": 50.0, "export_cpu_s": 40.0, "cpu_ops": {}, "pte_mib": 1.0, "target_sms": [90]}
+    fast = dict(slow, model="squeezenet1_1", params=1.2e6, export_s=5.0, export_cpu_s=4.0)
+    json_path = tmp_path / "coverage.json"
+    coverage_sweep.save_results(json_path, [slow, fast])
+    called = []
+
+    def fake_child(name, kind, dtype, args):
+        called.append((name, dtype, args.target_sms))
+        return dict(slow, export_s=20.0, export_cpu_s=15.0, target_sms="default")
+
+    monkeypatch.setattr(coverage_sweep, "run_child", fake_child)
+    doc = tmp_path / "coverage.md"
+    coverage_sweep.main(["--models", "resnet18,squeezenet1_1", "--dtypes", "float32", "--redo-over", "30",
+                         "--target-sms", "default", "--json", str(json_path), "--doc", str(doc),
+                         "--gpu-results"])
+    assert called == [("resnet18", "float32", "default")]
+    records = {r["model"]: r for r in json.loads(json_path.read_text())}
+    assert records["resnet18"]["export_cpu_s"] == 15.0 and records["squeezenet1_1"]["export_cpu_s"] == 4.0
+    assert "20.0 (15.0) [default SMs]" in doc.read_text()
 
 
 def test_report_and_carry_groups(records, tmp_path):
@@ -79,6 +106,7 @@ def test_report_and_carry_groups(records, tmp_path):
 
     coverage_sweep.main(["--pack", str(tmp_path / "carry"), "--keep-pte", str(pte_dir), "--json", str(json_path)])
     (group,) = (tmp_path / "carry").iterdir()
+    assert group.name == "cov_00"
     manifest = json.loads((group / "manifest_coverage.json").read_text())
     assert sorted(e["dtype"] for e in manifest) == ["float16", "float32"]
     assert all(e["checksum"] == recs[0]["checksum"] for e in manifest if e["dtype"] == "float32")

@@ -41,7 +41,8 @@ def lowered_for_gpu(ep, compiled) -> _compile.CompiledProgram:
     """What save() used to do for device I/O: lower with target_device set
     (and the same weights key prefix as `compiled`, so the named data match)."""
     options = validate_options(enabled_precisions={torch.float32}, min_block_size=1,
-                               target_sms=compiled.options.target_sms, use_cuda_graphs=None, target_device="cuda:0",
+                               target_sms=compiled.options.target_sms, cubin_sms=compiled.options.cubin_sms,
+                               use_cuda_graphs=None, target_device="cuda:0",
                                weights_prefix=compiled.options.weights_prefix)
     manager, summary = _compile.lower(ep, options)
     return _compile.CompiledProgram(manager, options, summary, ep)

@@ -29,10 +29,11 @@ def test_engine_contents(compiled_mlp):
     assert [(g["m"], g["n"], g["k"]) for g in gemms] == [(8, 128, 64), (8, 128, 128), (8, 16, 128)]
     assert all(g["b_transposed"] for g in gemms)  # nn.Linear weights used as stored
 
-    # GELU needs a generated kernel: cubins for every default SM plus PTX for the oldest.
+    # GELU needs a generated kernel: the default SMs get one cubin per major
+    # (sm_80's serves sm_86/87/89) plus PTX for the oldest.
     assert info["modules"], info["steps"]
     for module in info["modules"]:
-        assert module["sms"] == [80, 86, 87, 89, 90, 100, 110, 120]
+        assert module["sms"] == [80, 90, 100, 110, 120]
         assert all(size > 0 for size in module["cubin_bytes"])
         assert module["ptx_sm"] == 80
         assert module["ptx_bytes"] > 0
@@ -46,6 +47,16 @@ def test_engine_contents(compiled_mlp):
     assert info["weights_bytes"] == 0 and info["arena_bytes"] >= 0
     assert info["named_weights"] and all(n["key"].startswith("kiln/") and n["nbytes"] > 0
                                          for n in info["named_weights"])
+
+
+def test_an_explicit_sm_list_gets_exactly_its_cubins():
+    # The full default list named by hand: a cubin for each SM, as before.
+    compiled = kiln.compile(export(CumsumMLP(), torch.randn(4, 64)),
+                            target_sms=[80, 86, 87, 89, 90, 100, 110, 120])
+    for info in _engines(compiled):
+        assert info["metadata"]["target_sms"] == "80,86,87,89,90,100,110,120"
+        for module in info["modules"]:
+            assert module["sms"] == [80, 86, 87, 89, 90, 100, 110, 120]
 
 
 def test_options_reach_the_engine():

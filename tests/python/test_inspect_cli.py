@@ -40,7 +40,10 @@ def test_report(pte):
     assert "method 'forward': 2 delegate(s) ['KilnBackend', 'KilnBackend']" in out
     assert out.count("engine ") == 2
     assert "code for: none (library GEMMs only)" in out
-    assert "code for: sm_80, sm_86, sm_87, sm_89, sm_90, sm_100, sm_110, sm_120 + PTX compute_80" in out
+    assert "code for: sm_80, sm_90, sm_100, sm_110, sm_120 + PTX compute_80" in out
+    # Which code each target SM runs (the runtime's rule): sm_80's cubin serves its minors.
+    assert ("target SMs covered: sm_80 (cubin), sm_86 (sm_80 cubin), sm_87 (sm_80 cubin), sm_89 (sm_80 cubin), "
+            "sm_90 (cubin), sm_100 (cubin), sm_110 (cubin), sm_120 (cubin)") in out
     assert "use_cuda_graphs=false" in out and "precision=float32" in out
     assert "input 0: x float32 [4, 64]" in out
     assert "gemm   linear" in out and "m=4 n=32 k=64" in out  # fc1's GEMM
@@ -56,9 +59,13 @@ def test_json_for_machines(pte):
     first, second = info["engines"]
     # relu(fc1) is one cuBLASLt GEMM (no generated code); sigmoid(fc2) needs a kernel.
     assert first["sms"] == [] and first["ptx_sms"] == []
-    assert second["sms"] == [80, 86, 87, 89, 90, 100, 110, 120] and second["ptx_sms"] == [80]
+    assert second["sms"] == [80, 90, 100, 110, 120] and second["ptx_sms"] == [80]
+    assert {c["sm"]: c["code"] for c in second["coverage"]} == {
+        80: "cubin sm_80", 86: "cubin sm_80", 87: "cubin sm_80", 89: "cubin sm_80",
+        90: "cubin sm_90", 100: "cubin sm_100", 110: "cubin sm_110", 120: "cubin sm_120"}
     assert first["metadata"]["use_cuda_graphs"] == "false"
     assert first["compile_specs"]["target_sms"] == "80,86,87,89,90,100,110,120"
+    assert first["compile_specs"]["cubin_sms"] == "80,90,100,110,120"
     assert [t["shape"] for t in first["io"]["inputs"]] == [[4, 64]]
     assert [t["shape"] for t in second["io"]["outputs"]] == [[4, 16]]
     for engine in info["engines"]:

@@ -73,6 +73,26 @@ def test_default_target_sms_cover_every_sm_cuda13_builds_from_ampere_on():
     assert kiln_options.KilnOptions.from_compile_specs(options.to_compile_specs()).target_sms == options.target_sms
 
 
+def test_default_targets_get_one_cubin_per_major_and_explicit_lists_are_exact():
+    # An sm_80 cubin runs on sm_86/87/89 (same major, newer minor): the default
+    # targets build 5 cubins, not 8; every target SM is still covered.
+    options = validate_options()
+    assert options.cubin_sms == kiln_options.DEFAULT_CUBIN_SMS == (80, 90, 100, 110, 120)
+    specs = {s.key: s.value for s in options.to_compile_specs()}
+    assert specs["cubin_sms"] == b"80,90,100,110,120"
+    assert kiln_options.KilnOptions.from_compile_specs(options.to_compile_specs()) == options
+    assert kiln_options.KilnOptions() == options  # a KilnPartitioner's default options agree
+    # Named by hand (even the default list itself): a cubin for each, no cubin_sms spec.
+    for sms in ([80, 86, 87, 89, 90, 100, 110, 120], [86, 89], [90]):
+        explicit = validate_options(target_sms=sms)
+        assert explicit.cubin_sms == ()
+        assert "cubin_sms" not in {s.key for s in explicit.to_compile_specs()}
+        assert kiln_options.KilnOptions.from_compile_specs(explicit.to_compile_specs()) == explicit
+    assert kiln_options.one_cubin_per_major([89, 86, 120, 121, 90]) == (86, 90, 120)
+    with pytest.raises(ValueError, match="cubin_sms"):
+        validate_options(target_sms=[86, 89], cubin_sms=[89])  # sm_86 would have no cubin
+
+
 def test_options_normalize_and_round_trip_through_compile_specs():
     options = validate_options(
         enabled_precisions=[torch.float16, "float32", torch.float16],

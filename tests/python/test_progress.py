@@ -56,3 +56,20 @@ def test_one_partition_and_a_fresh_count_per_lowering(mlp_program, capsys):
             f"engines {size:,} bytes; weights {weights:,} bytes as named data"
         )
         assert sum(bool(re.match(r"kiln: done:", l)) for l in lines) == 1
+
+
+def test_save_ends_with_the_export_phases(mlp_program, tmp_path, capsys):
+    compiled = kiln.compile(mlp_program)
+    assert compiled.saved_phases is None
+    kiln.save(compiled, tmp_path / "m.pte")
+    lines = kiln_lines(capsys.readouterr().err)
+    number = r"\d+\.\d s"
+    assert re.fullmatch(rf"kiln: export phases edge {number}, partition {number}, engine compile {number} "
+                        rf"\(kernels {number}\), serialize {number}", lines[-1]), lines[-1]
+    phases = compiled.saved_phases
+    assert phases.line() == lines[-1]
+    # The partitioner's trial compiled the one engine (a GELU kernel: NVRTC ran or hit its cache).
+    assert phases.seconds["engine compile"] > 0 and phases.seconds["serialize"] > 0
+    assert 0 <= phases.kernels <= phases.seconds["engine compile"]
+    assert compiled.phases.seconds["serialize"] == 0  # kiln.compile's own phases are left as they were
+    assert phases.line(torch_export_s=1.25).startswith("kiln: export phases torch.export 1.2 s, edge ")

@@ -10,7 +10,8 @@ writes docs/coverage.md + docs/coverage.json (issue 10, section 4).
 Each (model, dtype) is exported in its own process (killed after --timeout
 seconds) and recorded in --json as soon as it finishes; a second run skips
 what the JSON already holds (so an interrupted sweep resumes; --fresh starts
-over; --redo exports the --models again, replacing their records). Models are taken in order of parameter count, every float32 export
+over; --redo exports the --models again, replacing their records; --redo-over
+SECONDS exports again those whose recorded export took over SECONDS of CPU). Models are taken in order of parameter count, every float32 export
 before the float16 ones. Per export it records: the ops left to ExecuTorch's
 CPU kernels (names and counts), the ops that fell back because their
 partition failed to compile (each with its reason: before issue 10 those
@@ -69,7 +70,8 @@ def _cpu_seconds() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, target_sms: list[int]) -> dict:
+def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, target_sms: list[int] | None) -> dict:
+    """target_sms None: kiln's default targets."""
     import logging
 
     import torch
@@ -79,7 +81,8 @@ def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, targ
 
     dtype = {"float32": torch.float32, "float16": torch.float16}[dtype_name]
     record = {"model": name, "kind": kind, "dtype": dtype_name, "seed": zoo.DEFAULT_SEED,
-              "input": [1, 3, zoo.INPUT_SIZE, zoo.INPUT_SIZE]}
+              "input": [1, 3, zoo.INPUT_SIZE, zoo.INPUT_SIZE],
+              "target_sms": "default" if target_sms is None else list(target_sms)}
     lines: list[str] = []
 
     class Capture(logging.Handler):
@@ -102,13 +105,18 @@ def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, targ
         stage = "torch.export"
         exported = torch.export.export(model, (x,))
         stage = "kiln.compile"
+        torch_export_s = time.perf_counter() - start
         compiled = kiln.compile(exported, arg_inputs=(x,), enabled_precisions={dtype}, min_block_size=1,
-                                target_sms=tuple(target_sms))
+                                target_sms=None if target_sms is None else tuple(target_sms))
         stage = "kiln.save"
         out_dir = pte_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         pte = kiln.save(compiled, out_dir / f"{name}_{SHORT[dtype_name]}.pte")
         record["export_s"] = round(time.perf_counter() - start, 2)
         record["export_cpu_s"] = round(_cpu_seconds() - cpu_start, 2)  # the machine is shared: wall varies
+        phases = compiled.saved_phases
+        record["phases"] = {"torch.export": round(torch_export_s, 2), **{k: round(v, 2) for k, v in phases.seconds.items()},
+                            "kernels": round(phases.kernels, 2)}
+        print(phases.line(torch_export_s=torch_export_s), file=sys.stderr, flush=True)
         record["pte_mib"] = round(pte.stat().st_size / 2**20, 2)
         if pte_dir is None:
             pte.unlink()
@@ -180,6 +188,9 @@ def sweep(args) -> None:
         models = [(n, k) for n, k in models if n in wanted]
     if args.redo:  # export the chosen models again; their records are replaced in place
         done -= {(n, d) for n, _ in models for d in args.dtypes.split(",")}
+    if args.redo_over is not None:  # and those whose recorded export took over that many CPU seconds
+        done -= {(r["model"], r["dtype"]) for r in results
+                 if r.get("export_cpu_s", 0) > args.redo_over and r["dtype"] in args.dtypes.split(",")}
     cache = ROOT / "out" / "coverage" / "params.json"
     params = json.loads(cache.read_text()) if cache.exists() else {}
     for n, _ in models:
@@ -244,7 +255,11 @@ def _status_cell(r: dict) -> str:
 def _seconds_cell(r: dict) -> str:
     if "export_s" not in r:
         return ""
-    return f"{r['export_s']:.1f}" + (f" ({r['export_cpu_s']:.1f})" if "export_cpu_s" in r else "")
+    text = f"{r['export_s']:.1f}" + (f" ({r['export_cpu_s']:.1f})" if "export_cpu_s" in r else "")
+    sms = r.get("target_sms", [90])  # records before the field were all sm_90
+    if sms == "default":
+        return text + " [default SMs]"
+    return text if sms == [90] else text + " [" + ",".join(f"sm_{s}" for s in sms) + "]"
 
 
 def _err_cell(g: dict | None) -> str:
@@ -270,7 +285,9 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         "(seeded, nothing downloaded), batch 1, 3x224x224, exported with `kiln.compile(...,",
         "min_block_size=1, target_sms=(90,))` + `kiln.save` on the 2-core CPU machine (shared with",
         "other builds, so seconds are upper bounds; in parentheses the export's CPU seconds, user + system,",
-        "NVRTC's threads included, the comparable number). float16 = `model.half()` with",
+        "NVRTC's threads included, the comparable number; \"[default SMs]\" marks an export with kiln's",
+        "default target_sms, sm_80 to sm_120: cubins for sm_80/90/100/110/120 + PTX, `--target-sms default`).",
+        "float16 = `model.half()` with",
         "`enabled_precisions={torch.float16}`. CPU ops: ops left to ExecuTorch's CPU kernels.",
         "Status: pass (0 CPU ops), cpu (exported, some ops on the CPU), fail (torch.export or",
         "ExecuTorch itself cannot take the model), abort (Kiln raised), timeout, skipped.",
@@ -417,7 +434,7 @@ def pack(args) -> None:
     for model in sorted(sizes, key=lambda m: -sizes[m]):
         g = next((g for g in groups if g["bytes"] + sizes[model] <= limit), None)
         if g is None:
-            g = {"name": f"cov_{len(groups):02d}", "models": [], "bytes": 0}
+            g = {"name": f"{args.group_prefix}_{len(groups):02d}", "models": [], "bytes": 0}
             groups.append(g)
         g["models"].append(model)
         g["bytes"] += sizes[model]
@@ -442,7 +459,11 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--timeout", type=float, default=480.0, help="seconds per export")
     p.add_argument("--max-params", type=float, default=150e6)
-    p.add_argument("--target-sms", default="90")
+    p.add_argument("--target-sms", default="90",
+                   help="comma-separated SMs, or 'default' for kiln.compile's default targets (default: 90)")
+    p.add_argument("--redo-over", type=float, metavar="SECONDS",
+                   help="export again (replacing their records) the models whose recorded export took over "
+                        "SECONDS of CPU time")
     p.add_argument("--keep-pte", type=Path, help="keep the .pte files here (for the GPU check)")
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "coverage.json")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "coverage.md")
@@ -455,6 +476,9 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only rewrite --doc from --json (+ --gpu-results)")
     p.add_argument("--pack", type=Path, help="write carry groups of the --keep-pte files here and stop")
     p.add_argument("--group-mib", type=float, default=46.0)
+    p.add_argument("--group-prefix", default="cov",
+                   help="carry groups are named <prefix>_NN (default cov); another prefix packs a second set "
+                        "(e.g. re-exported models) without clashing with groups already run")
     p.add_argument("--xz-preset", type=int, default=2,
                    help="xz preset of the carried archives (2: ~3 CPU s per 100 MiB of .pte on the 2-core "
                         "machine, archives ~25%% larger than preset 6, which takes ~10x the CPU)")
@@ -463,7 +487,8 @@ def main(argv=None) -> int:
         name, kind, dtype = args.worker
         if args.keep_pte:
             args.keep_pte.mkdir(parents=True, exist_ok=True)
-        record = export_one(name, kind, dtype, args.keep_pte, [int(s) for s in args.target_sms.split(",")])
+        sms = None if args.target_sms == "default" else [int(s) for s in args.target_sms.split(",")]
+        record = export_one(name, kind, dtype, args.keep_pte, sms)
         print(MARK + json.dumps(record), flush=True)
         return 0
     if args.pack:
