@@ -34,5 +34,17 @@ for method in decode prefill; do
   { echo "== $method"; grep -E "latency|steps,|rror" "/tmp/kiln_llm_$method.txt" | tail -5; python3 tools/profile_summary.py "/tmp/kiln_llm_$method.txt"
     "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" \
       --use_cuda_graphs=true --cuda_events=true --num_runs=200 --warmup=20 2>&1 | grep -E "latency|rror" | sed 's/^/graph replay: /'
+    # A/B: the same program built with overlap_launches=False (classic launches).
+    if [ -f "$bundle/classic_launch/$pte" ]; then
+      "$runner" --model_path="$bundle/classic_launch/$pte" --data_path="$bundle/$ptd" --method="$method" \
+        --use_cuda_graphs=true --cuda_events=true --num_runs=200 --warmup=20 2>&1 | grep -E "latency|rror" |
+        sed 's/^/graph replay, overlap_launches=False: /'
+      "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" \
+        --use_cuda_graphs=false --cuda_events=true --num_runs=200 --warmup=20 2>&1 | grep -E "latency|rror" |
+        sed 's/^/stream launches: /'
+      "$runner" --model_path="$bundle/classic_launch/$pte" --data_path="$bundle/$ptd" --method="$method" \
+        --use_cuda_graphs=false --cuda_events=true --num_runs=200 --warmup=20 2>&1 | grep -E "latency|rror" |
+        sed 's/^/stream launches, overlap_launches=False: /'
+    fi
   } | tee -a "$out/llm_profile.txt"
 done

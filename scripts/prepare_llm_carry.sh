@@ -5,7 +5,8 @@
 #                     weights as a recipe rebuilt from the seed on the GPU machine
 #   $carry/llm/fp16   the same in float16, weights inside the .pte (xz)
 #   $carry/llm_bench  (with --bench) the 410M benchmark model, bfloat16,
-#                     prompt 512 + 256 new tokens, weights as a recipe
+#                     prompt 512 + 256 new tokens, weights as a recipe;
+#                     llm_bench/classic_launch/ the same with overlap_launches=False
 # Then, on the GPU machine: scripts/gpu_check.sh runs tests/gpu/llm_generate_test.py
 # on $carry/llm; scripts/gpu_llm.sh benchmarks $carry/llm_bench.
 # Usage: bash scripts/prepare_llm_carry.sh [--bench]   (KILN_GPU_BUNDLE, default .gpu_carry)
@@ -40,5 +41,11 @@ if [ "${1:-}" = "--bench" ]; then
   python3 "$weights" pack --ptd "$work/bench/llama_bench_bfloat16.ptd" --size bench --dtype bfloat16 \
     --out "$carry/llm_bench/recipe"
   cp "$work"/bench/{llama_bench_bfloat16.pte,manifest.json,prompt.txt} "$carry/llm_bench/"
+  # The same program with overlap_launches=False (same weights, same .ptd), for
+  # gpu_llm.sh's A/B of programmatic dependent launch.
+  python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
+    --external-weights --no-overlap-launches --out "$work/bench_classic"
+  mkdir -p "$carry/llm_bench/classic_launch"
+  cp "$work/bench_classic/llama_bench_bfloat16.pte" "$carry/llm_bench/classic_launch/"
 fi
 du -sh "$carry"/llm/* ${1:+"$carry/llm_bench"}

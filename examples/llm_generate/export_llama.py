@@ -54,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reference", action="store_true", help="write HF greedy tokens (float32) to compare with")
     p.add_argument("--external-weights", action="store_true", help="weights to a .ptd beside the .pte")
     p.add_argument("--no-cuda-graphs", action="store_true", help="do not bake CUDA-graph replay into the engines")
+    p.add_argument("--no-overlap-launches", action="store_true",
+                   help="kiln.compile(overlap_launches=False): classic kernel launches (for an A/B)")
     p.add_argument("--target-sms", default="87,90")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -92,7 +94,7 @@ def main(argv=None) -> None:
           f"{time.time() - t0:.1f} s", flush=True)
     compiled = kiln.compile(
         programs, target_sms=[int(s) for s in args.target_sms.split(",")],
-        use_cuda_graphs=not args.no_cuda_graphs, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
+        use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
         constant_methods={"get_max_seq_len": args.max_len, "get_prompt_len": p,
                           "get_vocab_size": size.vocab})
     if compiled.summary.ops_on_cpu:

@@ -268,6 +268,7 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     debug_dir: str | os.PathLike | None = None,
     model_id: str | None = None,
     constant_methods: dict[str, Any] | None = None,
+    overlap_launches: bool = True,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
@@ -298,6 +299,11 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
       gemv_kernels: products of at most 4 activation rows with a weight
         (a decode step's linears) as generated matrix-vector kernels (False:
         cuBLASLt for every product).
+      overlap_launches: on sm_90 and newer GPUs, launch each generated kernel
+        while the previous one still runs; it waits for its predecessor on
+        the GPU (programmatic dependent launch), which hides the few
+        microseconds of launch latency per kernel that dominate a decode
+        step. False: classic launches (and kernels without the wait).
       debug_dir: when given, the IR after every compiler pass is written to
         <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
       model_id: names this model in its weights' keys in the program's named
@@ -311,18 +317,19 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
                       debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods,
-                      gemv_kernels=gemv_kernels)
+                      gemv_kernels=gemv_kernels, overlap_launches=overlap_launches)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
                use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
-               model_id=None, constant_methods=None, gemv_kernels=True) -> CompiledProgram:
+               model_id=None, constant_methods=None, gemv_kernels=True, overlap_launches=True) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     programs, given_dict = check_programs(exported_program, caller)
     constant_methods = check_constant_methods(caller, constant_methods, programs)
     check_not_per_method(caller, enabled_precisions=enabled_precisions, min_block_size=min_block_size,
                          target_sms=target_sms, use_cuda_graphs=use_cuda_graphs, conv_gemm=conv_gemm,
                          depthwise_kernels=depthwise_kernels, gemv_kernels=gemv_kernels, debug_dir=debug_dir,
+                         overlap_launches=overlap_launches,
                          model_id=model_id)
     model_id = _weights.check_model_id(model_id) if model_id is not None else _weights.default_model_id(programs)
     options = validate_options(
@@ -333,6 +340,7 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         conv_gemm=conv_gemm,
         depthwise_kernels=depthwise_kernels,
         gemv_kernels=gemv_kernels,
+        overlap_launches=overlap_launches,
         debug_dir=debug_dir,
         weights_prefix=_weights.key_prefix(model_id),
     )
@@ -508,6 +516,7 @@ def _save(compiled: CompiledProgram, path, use_cuda_graphs, backend_config, ptd_
             conv_gemm=compiled.options.conv_gemm,
             depthwise_kernels=compiled.options.depthwise_kernels,
             gemv_kernels=compiled.options.gemv_kernels,
+            overlap_launches=compiled.options.overlap_launches,
             debug_dir=compiled.options.debug_dir,
             weights_prefix=compiled.options.weights_prefix,
         )

@@ -76,6 +76,10 @@ class KilnOptions:
     # Products of <= 4 activation rows (decode steps) as generated
     # matrix-vector kernels instead of cuBLASLt.
     gemv_kernels: bool = True
+    # Programmatic dependent launch on sm_90+: generated kernels wait for
+    # their predecessor on the GPU, so each launch overlaps the previous
+    # kernel (codegen/grid_dependency.h); recorded, read by the runtime.
+    overlap_launches: bool = True
     # A folder for the IR after each compiler pass ("" = none); each
     # partition gets a subfolder. Not stored in the .pte.
     debug_dir: str = ""
@@ -98,6 +102,7 @@ class KilnOptions:
             CompileSpec("conv_gemm", self.conv_gemm.encode()),
             CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
             CompileSpec("gemv_kernels", b"1" if self.gemv_kernels else b"0"),
+            CompileSpec("overlap_launches", b"1" if self.overlap_launches else b"0"),
         ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else [])
 
     @staticmethod
@@ -127,6 +132,8 @@ class KilnOptions:
                 values["depthwise_kernels"] = text == "1"
             elif spec.key == "gemv_kernels":
                 values["gemv_kernels"] = text == "1"
+            elif spec.key == "overlap_launches":
+                values["overlap_launches"] = text == "1"
             elif spec.key == "debug_dir":
                 values["debug_dir"] = text
             elif spec.key == "weights_prefix":
@@ -146,6 +153,7 @@ class KilnOptions:
             conv_gemm=values.get("conv_gemm", "all"),
             depthwise_kernels=values.get("depthwise_kernels", True),
             gemv_kernels=values.get("gemv_kernels", True),
+            overlap_launches=values.get("overlap_launches", True),
             debug_dir=values.get("debug_dir", ""),
             weights_prefix=values.get("weights_prefix", ""),
         )
@@ -191,6 +199,7 @@ def validate_options(
     debug_dir: Any = None,
     weights_prefix: Any = "",
     cubin_sms: Any = None,
+    overlap_launches: Any = True,
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument.
@@ -270,6 +279,8 @@ def validate_options(
         raise TypeError(f"depthwise_kernels: expected a bool, got {type(depthwise_kernels).__name__}")
     if not isinstance(gemv_kernels, bool):
         raise TypeError(f"gemv_kernels: expected a bool, got {type(gemv_kernels).__name__}")
+    if not isinstance(overlap_launches, bool):
+        raise TypeError(f"overlap_launches: expected a bool, got {type(overlap_launches).__name__}")
     if debug_dir is None:
         debug_dir = ""
     if not isinstance(debug_dir, (str, os.PathLike)):
@@ -289,6 +300,7 @@ def validate_options(
         conv_gemm=conv_gemm,
         depthwise_kernels=depthwise_kernels,
         gemv_kernels=gemv_kernels,
+        overlap_launches=overlap_launches,
         debug_dir=debug_dir,
         weights_prefix=weights_prefix,
     )

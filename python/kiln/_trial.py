@@ -164,6 +164,7 @@ def _native_compile(built, options, progress):
         conv_gemm=options.conv_gemm,
         depthwise_kernels=options.depthwise_kernels,
         gemv_kernels=options.gemv_kernels,
+        overlap_launches=options.overlap_launches,
         debug_dir=_compile_debug_dir(options.debug_dir),
     )
 

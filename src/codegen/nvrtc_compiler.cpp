@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "codegen/grid_dependency.h"
 #include "codegen/kernel_disk_cache.h"
 #include "ir/graph.h"
 
@@ -186,14 +187,16 @@ struct LinkDeleter {
 };
 
 // The cubin for sm_<sm> from `ptx` (compute_<ptx_sm>), by nvJitLink (ptxas).
+// With `grid_dependency` the PTX first gets griddepcontrol (grid_dependency.h).
 ArtifactPtr assemble(const std::string& name, const std::string& source, const std::string& ptx, uint32_t ptx_sm,
-                     uint32_t sm) {
+                     uint32_t sm, bool grid_dependency) {
   const std::string arch = "sm_" + std::to_string(sm);
-  const std::string key = cache_key(arch + "<compute_" + std::to_string(ptx_sm), name, source);
+  const std::string built_from = arch + "<compute_" + std::to_string(ptx_sm) + (grid_dependency ? "+griddepcontrol" : "");
+  const std::string key = cache_key(built_from, name, source);
   if (ArtifactPtr hit = cache().find(key)) return hit;
   const std::string dir = kernel_cache_dir();
   const std::string disk_key =
-      dir.empty() ? std::string() : kernel_cache_key("cubin " + arch + "<compute_" + std::to_string(ptx_sm), name, source);
+      dir.empty() ? std::string() : kernel_cache_key("cubin " + built_from, name, source);
   if (!dir.empty()) {
     if (std::optional<std::string> stored = kernel_cache_read(dir, disk_key); stored && !stored->empty()) {
       auto artifact = std::make_shared<Artifact>();
@@ -206,9 +209,11 @@ ArtifactPtr assemble(const std::string& name, const std::string& source, const s
   const std::string context = "assembling module '" + name + "' for " + arch;
   const std::string arch_flag = "-arch=" + arch;
   const char* options[] = {arch_flag.c_str()};
+  const std::string patched = grid_dependency ? add_grid_dependency(ptx) : std::string();
+  const std::string& input = grid_dependency ? patched : ptx;
   std::unique_ptr<nvJitLinkHandle, LinkDeleter> link(new nvJitLinkHandle(nullptr));
   check(nvJitLinkCreate(link.get(), 1, options), "nvJitLinkCreate", context);
-  nvJitLinkResult result = nvJitLinkAddData(*link, NVJITLINK_INPUT_PTX, ptx.data(), ptx.size(), name.c_str());
+  nvJitLinkResult result = nvJitLinkAddData(*link, NVJITLINK_INPUT_PTX, input.data(), input.size(), name.c_str());
   if (result == NVJITLINK_SUCCESS) result = nvJitLinkComplete(*link);
   if (result != NVJITLINK_SUCCESS) {
     size_t log_size = 0;
@@ -343,7 +348,7 @@ void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t
 
 engine::KernelModule compile_module(const std::string& name, const std::string& source,
                                     const std::vector<uint32_t>& target_sms, bool emit_ptx,
-                                    const std::function<void(const std::string&)>& progress) {
+                                    const std::function<void(const std::string&)>& progress, bool grid_dependency) {
   if (target_sms.empty()) throw CompileError("no target SMs given");
   const auto start = Clock::now();
   struct AddSeconds {
@@ -368,7 +373,9 @@ engine::KernelModule compile_module(const std::string& name, const std::string& 
     tasks.push_back(task);
   }
   run_tasks(
-      name, [&](uint32_t sm) { return assemble(name, source, ptx->ptx, oldest, sm); }, tasks, progress);
+      name, [&](uint32_t sm) { 
+        return assemble(name, source, ptx->ptx, oldest, sm, grid_dependency && sm >= kGridDependencyMinSm);
+      }, tasks, progress);
   for (const SmTask& task : tasks) {
     engine::CubinImage image;
     image.sm = task.sm;

@@ -30,10 +30,13 @@ namespace kiln::codegen {
 // Throws CompileError with NVRTC's (or nvJitLink's) log when compilation
 // fails. `progress`, when set, is called on the calling thread as each SM
 // finishes (from threads it is never called). With `emit_ptx` the module
-// carries the PTX, ptx_sm = the oldest target SM.
+// carries the PTX, ptx_sm = the oldest target SM. With `grid_dependency`
+// the cubins for sm_90 and newer wait for the previous kernel in-kernel and
+// may be launched early (grid_dependency.h); the kept PTX does not.
 engine::KernelModule compile_module(const std::string& name, const std::string& source,
                                     const std::vector<uint32_t>& target_sms, bool emit_ptx,
-                                    const std::function<void(const std::string&)>& progress = {});
+                                    const std::function<void(const std::string&)>& progress = {},
+                                    bool grid_dependency = false);
 
 // NVRTC's version as "major.minor", for engine metadata.
 std::string nvrtc_version();

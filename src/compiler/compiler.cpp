@@ -78,7 +78,8 @@ class Lowering final : public ops::LowerContext {
       // The SMs compile in parallel; a module compiled before in this process
       // (a re-proposed trial, a re-lowering) comes from NVRTC's cache.
       desc_.modules.push_back(
-          codegen::compile_module("kiln_kernels", source_, cubin_sms(options), options.emit_ptx, options.progress));
+          codegen::compile_module("kiln_kernels", source_, cubin_sms(options), options.emit_ptx, options.progress,
+                                  options.overlap_launches));
     }
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
@@ -89,6 +90,8 @@ class Lowering final : public ops::LowerContext {
     desc_.metadata.emplace_back("conv_gemm", ops::conv_gemm_name(options.op_options.conv_gemm));
     desc_.metadata.emplace_back("depthwise_kernels", options.op_options.depthwise_kernels ? "true" : "false");
     desc_.metadata.emplace_back("gemv_kernels", options.op_options.gemv_kernels ? "true" : "false");
+    // Read by the runtime: launch the sm_90+ cubins' kernels programmatically.
+    desc_.metadata.emplace_back("overlap_launches", options.overlap_launches ? "true" : "false");
     if (options.use_cuda_graphs >= 0)
       desc_.metadata.emplace_back("use_cuda_graphs", options.use_cuda_graphs ? "true" : "false");
     return std::move(desc_);

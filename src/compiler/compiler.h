@@ -41,6 +41,12 @@ struct CompileOptions {
   std::vector<engine::DType> enabled_precisions = {engine::DType::kFloat32};
   // Baked into the engine's metadata (-1: no choice baked, 0: off, 1: on).
   int use_cuda_graphs = -1;
+  // Programmatic dependent launch (codegen/grid_dependency.h): the cubins
+  // for sm_90 and newer wait for their predecessor in-kernel, and the
+  // runtime launches them while the previous kernel still runs, hiding
+  // launch latency. Recorded in the metadata (overlap_launches), which the
+  // runtime reads; false builds and launches kernels the classic way.
+  bool overlap_launches = true;
   // How ops are planned (1x1 convs as GEMMs, depthwise kernels); recorded
   // in the engine metadata.
   ops::OpOptions op_options;

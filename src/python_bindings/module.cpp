@@ -82,7 +82,8 @@ struct ProgressCallbackFailed {};
 nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, bool emit_ptx,
                      std::vector<std::string> enabled_precisions, int use_cuda_graphs,
                      nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
-                     const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms) {
+                     const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms,
+                     bool overlap_launches) {
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
     throw nb::value_error("use_cuda_graphs must be -1 (no choice), 0 or 1");
   compiler::CompileOptions options;
@@ -96,6 +97,7 @@ nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, b
   options.op_options.conv_gemm = ops::parse_conv_gemm(conv_gemm);
   options.op_options.depthwise_kernels = depthwise_kernels;
   options.op_options.gemv_kernels = gemv_kernels;
+  options.overlap_launches = overlap_launches;
   options.debug_dir = debug_dir;
 
   std::optional<nb::python_error> callback_error;
@@ -212,7 +214,7 @@ NB_MODULE(_kiln_compiler, m) {
         "enabled_precisions"_a = std::vector<std::string>{"float32"},
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",
         "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
-        "cubin_sms"_a = std::vector<uint32_t>{},
+        "cubin_sms"_a = std::vector<uint32_t>{}, "overlap_launches"_a = true,
         "Compiles a Graph into serialized engine bytes. Raises CompileError.\n"
         "cubin_sms: the SMs that get a cubin (empty: each of target_sms).");
   m.def(

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "codegen/grid_dependency.h"
 #include "codegen/nvrtc_compiler.h"
 #include "codegen/sha256.h"
 #include "ir/graph.h"
@@ -79,6 +80,53 @@ TEST(NvrtcCompiler, ThreadedEqualsSerialAndPtxIsForTheOldestSm) {
   EXPECT_EQ(threaded.ptx, serial.ptx);
   EXPECT_NE(threaded.ptx.find(".target sm_80"), std::string::npos);
   EXPECT_EQ(threaded.source, source);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// overlap_launches: the sm_90+ cubins come from PTX with griddepcontrol at
+// the top of every entry; older cubins and the kept PTX are the plain build.
+TEST(GridDependency, Sm90CubinsWaitOlderOnesAndThePtxDoNot) {
+  const std::string source = random_source(3);
+  const std::vector<uint32_t> sms = {80, 90, 100};
+  engine::KernelModule plain = compile_module("m", source, sms, true);
+  engine::KernelModule overlap = compile_module("m", source, sms, true, {}, true);
+  ASSERT_EQ(overlap.cubins.size(), 3u);
+  EXPECT_EQ(overlap.ptx, plain.ptx);  // the JIT path never waits
+  EXPECT_EQ(count(overlap.ptx, "griddepcontrol"), 0u);
+  EXPECT_EQ(overlap.cubins[0].image, plain.cubins[0].image);  // sm_80: no griddepcontrol there
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(cubin_sm(overlap.cubins[i].image), sms[i]);
+    EXPECT_NE(overlap.cubins[i].image, plain.cubins[i].image) << "sm_" << sms[i];
+  }
+
+  const std::string patched = add_grid_dependency(plain.ptx);
+  EXPECT_EQ(count(patched, ".target sm_90"), 1u);
+  EXPECT_EQ(count(patched, ".target sm_80"), 0u);
+  const size_t entries = count(plain.ptx, ".entry ");
+  ASSERT_EQ(entries, 3u);
+  EXPECT_EQ(count(patched, "griddepcontrol.wait;"), entries);
+  EXPECT_EQ(count(patched, "griddepcontrol.launch_dependents;"), entries);
+  // Each wait is the first statement of its entry's body.
+  for (size_t p = patched.find(".entry "); p != std::string::npos; p = patched.find(".entry ", p + 1)) {
+    const size_t body = patched.find("{\n", p);
+    ASSERT_NE(body, std::string::npos);
+    EXPECT_EQ(patched.compare(body + 2, 21, "\tgriddepcontrol.wait;"), 0);
+  }
+}
+
+TEST(GridDependency, RefusesTextThatIsNotNvrtcPtx) {
+  EXPECT_THROW(add_grid_dependency(".version 9.0\n.visible .entry k(\n)\n{\n}\n"), CompileError);  // no .target
+  EXPECT_THROW(add_grid_dependency(".version 9.0\n.target sm_80\n.visible .entry k(\n)\n"), CompileError);
+  // Already sm_90: the target stays, the entry still gets the wait.
+  const std::string ptx = ".version 9.0\n.target sm_100\n.address_size 64\n.visible .entry k(\n)\n{\n\tret;\n}\n";
+  const std::string patched = add_grid_dependency(ptx);
+  EXPECT_EQ(count(patched, ".target sm_100"), 1u);
+  EXPECT_EQ(count(patched, "griddepcontrol.wait;"), 1u);
 }
 
 TEST(NvrtcCompiler, CacheServesRepeatsAndKeysOnSourceAndArch) {

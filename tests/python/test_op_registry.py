@@ -303,3 +303,17 @@ def test_gemv_kernels_option_picks_the_products_step(rows, gemv_kernels, want):
     assert [step["kind"] for step in info["steps"]] == [want]
     with pytest.raises(TypeError, match="gemv_kernels"):
         kiln.compile(export(model, x), gemv_kernels="yes")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_launches_option_is_recorded_and_changes_only_the_sm90_cubins(overlap):
+    # overlap_launches (default on) is baked into the engine for the runtime
+    # to read; the kernels of the sm_90+ cubins carry griddepcontrol (the
+    # GPU suite runs them), the sm_80 cubin and the PTX stay the plain build.
+    x = torch.randn(1, 256)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 96), torch.nn.GELU()).eval()
+    kwargs = {} if overlap else {"overlap_launches": False}
+    info = _engine_info(kiln.compile(export(model, x), arg_inputs=(x,), target_sms=[80, 90], **kwargs))
+    assert info["metadata"]["overlap_launches"] == ("true" if overlap else "false")
+    with pytest.raises(TypeError, match="overlap_launches"):
+        kiln.compile(export(model, x), overlap_launches=1)

@@ -2,7 +2,11 @@
 // (the cubin for this SM or an older minor of its major, else PTX) and every
 // kernel step's function resolved and checked against the GPU; per context,
 // each step's parameter array is built once and launched with
-// cudaLaunchKernel. The format half is
+// cudaLaunchKernel, or, for the sm_90+ cubins of an engine built with
+// overlap_launches, cudaLaunchKernelExC with the programmatic-serialization
+// attribute: such a kernel waits for its predecessor in-kernel
+// (codegen/grid_dependency.h), so it may launch while that one runs. The
+// format half is
 // engine_format/steps/kernel_step_format.cpp.
 #include <algorithm>
 #include <map>
@@ -55,6 +59,7 @@ struct KernelPlan {
   dim3 grid;
   dim3 block;
   uint32_t shared_bytes = 0;  // dynamic shared memory
+  bool programmatic = false;  // launched with programmatic stream serialization
 };
 
 // One kernel parameter, passed by value from here.
@@ -74,6 +79,22 @@ class KernelExecutor : public StepExecutor {
   ArgSlot& slot(size_t j) { return slots_[j]; }
 
   Status run(cudaStream_t stream) override {
+    if (plan_.programmatic) {
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = plan_.grid;
+      config.blockDim = plan_.block;
+      config.dynamicSmemBytes = plan_.shared_bytes;
+      config.stream = stream;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      KILN_CUDA_RETURN_IF_ERROR(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(plan_.kernel),
+                                                    pointers_.empty() ? nullptr : pointers_.data()));
+      KILN_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      return Status::ok();
+    }
     KILN_CUDA_RETURN_IF_ERROR(cudaLaunchKernel(reinterpret_cast<const void*>(plan_.kernel),
                                                plan_.grid, plan_.block,
                                                pointers_.empty() ? nullptr : pointers_.data(),
@@ -112,6 +133,7 @@ class KernelPlans : public StepKindPlans {
   }
 
   std::vector<cudaLibrary_t> libraries;  // one per module
+  std::vector<bool> programmatic;        // per module: its kernels launch programmatically
   std::vector<KernelPlan> plans;         // per step (kernel steps only)
 };
 
@@ -139,6 +161,8 @@ Result<std::unique_ptr<StepExecutor>> KernelContext::make_executor(size_t step,
 
 Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, KernelPlans* out) {
   const uint32_t sm = static_cast<uint32_t>(device.sm);
+  const std::string* overlap_value = desc.find_metadata("overlap_launches");
+  const bool overlap = overlap_value != nullptr && *overlap_value == "true";
   out->libraries.reserve(desc.modules.size());
   for (const KernelModule& m : desc.modules) {
     Result<KernelCode> chosen = choose_kernel_code(m, sm);
@@ -174,6 +198,10 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
       return status.with_context(context);
     }
     out->libraries.push_back(library);
+    // Only a cubin built with griddepcontrol waits for its predecessor; the
+    // PTX (compute_80) never has it, and launching a kernel that does not
+    // wait programmatically would race.
+    out->programmatic.push_back(overlap && !from_ptx && chosen->arch >= 90 && device.sm >= 90);
   }
   return Status::ok();
 }
@@ -261,6 +289,7 @@ Status resolve_kernels(engine::EngineDesc& desc, const DeviceInfo& device, Kerne
     plan.grid = dim3(ks.grid[0], ks.grid[1], ks.grid[2]);
     plan.block = dim3(ks.block[0], ks.block[1], ks.block[2]);
     plan.shared_bytes = ks.shared_bytes;
+    plan.programmatic = out->programmatic[ks.module];
   }
   for (const auto& [kernel, bytes] : opt_in_bytes) {
     cudaError_t error = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
