@@ -264,6 +264,9 @@ class KilnPartitioner(Partitioner):
         self.last_summary: PartitionSummary | None = None
         self.decompose_linear = dict(decompose_linear or {})
         self.trial_compile = trial_compile
+        # ops_to_not_decompose's one-decomposition path (False: always give
+        # ExecuTorch the check function; tests compare the two).
+        self.single_decomposition = True
         # The real parameters, from the program ops_to_not_decompose sees
         # (partition() is handed a copy with fake ones).
         self._real_state_dict: dict | None = None
@@ -296,7 +299,22 @@ class KilnPartitioner(Partitioner):
                 return False
             return query_support(node, constants) is None
 
-        return [torch.ops.aten.linear.default, *KEPT_WHEN_TAKEN], keep
+        kept_ops = [torch.ops.aten.linear.default, *KEPT_WHEN_TAKEN]
+        # With a check function ExecuTorch decomposes the program twice more
+        # (tags the kept nodes that pass it, decomposes again, restores them):
+        # each pass re-traces the whole graph, a third of a transformer's
+        # export. When every kept-op node here passes the check (the usual
+        # case; `ep` is functionalized, not yet decomposed), returning no
+        # check function gives the same graph in one decomposition. A kept
+        # op that a decomposition creates and Kiln then cannot take is still
+        # caught: the partitioner raises LinearLeftToCpu and lower() retries
+        # with decompose_linear set, which takes the checked path.
+        if self.single_decomposition and not self.decompose_linear:
+            targets = set(kept_ops)
+            if all(keep(n) for n in ep.graph_module.graph.nodes
+                   if n.op == "call_function" and n.target in targets):
+                return kept_ops, None
+        return kept_ops, keep
 
     def _propose(self, graph_module, support: KilnOperatorSupport, order) -> list:
         proposed = CapabilityBasedPartitioner(

@@ -162,3 +162,60 @@ def test_describe_node_normalizes_schema_arguments():
     assert to_copy.attrs["dtype"] == "float16"
     assert to_copy.attrs["non_blocking"] is False
     assert to_copy.outputs[0].dtype == "float16"
+
+
+class _PadLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(36, 16)
+
+    def forward(self, x):  # x: [2, 4, 6, 6]
+        y = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")[..., 1:7, 1:7]
+        return torch.relu(self.fc(y.flatten(2)))
+
+
+@pytest.mark.parametrize("model_fn,args", [
+    (MLP, (torch.randn(8, 64),)),
+    (_PadLinear, (torch.randn(2, 4, 6, 6),)),
+])
+def test_one_decomposition_gives_the_checked_paths_program(model_fn, args, tmp_path, monkeypatch):
+    # When every kept op (linear, reflection/replication pads) passes Kiln's
+    # check, ops_to_not_decompose gives ExecuTorch no check function and the
+    # program is decomposed once instead of three times; the .pte must be
+    # byte for byte the checked path's.
+    from kiln import partitioner as P
+
+    torch.manual_seed(0)
+    program = export(model_fn().eval(), *args)
+    seen = []
+    real = P.KilnPartitioner.ops_to_not_decompose
+
+    def spy(self, ep):
+        ops, check = real(self, ep)
+        seen.append((self.single_decomposition, check is None))
+        return ops, check
+
+    monkeypatch.setattr(P.KilnPartitioner, "ops_to_not_decompose", spy)
+    fast = kiln.save(kiln.compile(program, target_sms=[90]), tmp_path / "fast.pte").read_bytes()
+    assert seen and all(no_check for _, no_check in seen)
+    real_init = P.KilnPartitioner.__init__
+
+    def checked_init(self, *a, **k):
+        real_init(self, *a, **k)
+        self.single_decomposition = False
+
+    monkeypatch.setattr(P.KilnPartitioner, "__init__", checked_init)
+    seen.clear()
+    checked = kiln.save(kiln.compile(program, target_sms=[90]), tmp_path / "checked.pte").read_bytes()
+    assert seen and not any(no_check for _, no_check in seen)
+    assert fast == checked
+
+
+def test_a_kept_op_kiln_refuses_keeps_the_check_function():
+    # A float64 linear is not Kiln's: ExecuTorch must get the check function
+    # so that linear is decomposed (its GEMM to the CPU), not kept.
+    from kiln import partitioner as P
+
+    program = export(torch.nn.Linear(8, 4).double().eval(), torch.randn(3, 8, dtype=torch.float64))
+    ops, check = P.KilnPartitioner(target_sms=[90]).ops_to_not_decompose(program.run_decompositions({}))
+    assert torch.ops.aten.linear.default in ops and check is not None
