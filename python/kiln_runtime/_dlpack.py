@@ -13,6 +13,7 @@ CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13  # DLDeviceType
 # DLPack's stream number for CUDA's per-thread default stream, where the Kiln
 # delegate runs: a producer makes it wait for the work that writes the tensor.
 PER_THREAD_DEFAULT_STREAM = 2
+LEGACY_DEFAULT_STREAM = 1
 # Offset of the DLTensor inside a DLManagedTensorVersioned (DLPack >= 1.0):
 # version (2 x uint32), manager_ctx, deleter, flags (uint64).
 _VERSIONED_TENSOR_OFFSET = 32
@@ -56,7 +57,15 @@ def export(obj):
     keeps the tensor alive and is released by the caller dropping it."""
     device_type, _ = device_of(obj)
     if device_type in (CUDA, CUDA_MANAGED):
-        capsule = obj.__dlpack__(stream=PER_THREAD_DEFAULT_STREAM)
+        try:
+            capsule = obj.__dlpack__(stream=PER_THREAD_DEFAULT_STREAM)
+        except BufferError:
+            # torch (2.11) refuses the per-thread default stream ("not
+            # supported"). Ordering before the legacy default stream is as
+            # good: cudaStreamPerThread is a blocking stream, so its next
+            # launch waits for what the legacy stream was given (the
+            # producer's wait on its own stream).
+            capsule = obj.__dlpack__(stream=LEGACY_DEFAULT_STREAM)
     else:
         capsule = obj.__dlpack__()
     if _api.PyCapsule_IsValid(capsule, _LEGACY):

@@ -214,3 +214,34 @@ def test_c_header_is_plain_c(tmp_path):
     proc = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-fsyntax-only",
                            f"-I{ROOT / 'src' / 'c_api' / 'include'}", str(source)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cuda_producer_refusing_the_per_thread_stream_is_asked_for_the_legacy_one():
+    # torch 2.11's CUDA tensors raise BufferError for __dlpack__(stream=2) (the
+    # per-thread default stream, where Kiln runs): the export asks again with
+    # stream=1 (legacy default; cudaStreamPerThread waits for its work). A
+    # stand-in producer that says it lives on CUDA and lends numpy's memory
+    # records the streams it was asked for.
+    from kiln_runtime import _dlpack
+
+    class Producer:
+        def __init__(self, refuse):
+            self.data, self.refuse, self.asked = np.arange(6, dtype=np.float32), refuse, []
+
+        def __dlpack_device__(self):
+            return (_dlpack.CUDA, 0)
+
+        def __dlpack__(self, stream=None):
+            self.asked.append(stream)
+            if stream in self.refuse:
+                raise BufferError("per-thread default stream is not supported.")
+            return self.data.__dlpack__()
+
+    torch_like = Producer(refuse={2})
+    capsule, tensor = _dlpack.export(torch_like)
+    assert torch_like.asked == [2, 1] and tensor
+    cupy_like = Producer(refuse=set())
+    _dlpack.export(cupy_like)
+    assert cupy_like.asked == [2]
+    with pytest.raises(BufferError):
+        _dlpack.export(Producer(refuse={1, 2}))
