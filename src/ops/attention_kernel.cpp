@@ -221,7 +221,31 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
       << "        float x = 0.0f;\n"
       << "        if (row < kRows && key < kKeys) { " << mask_update(p, "row", "key") << " }\n"
       << "        mk[j][e] = x;\n"
-      << "      }\n";
+      << "      }\n"
+      // A tile the mask hides from every row of this warp changes nothing
+      // (alpha 1, no mass): its products and softmax update are skipped. A
+      // causal mask given as a tensor (a KV-cache prefill over the whole
+      // cache) hides most tiles of most rows.
+      << "    bool hidden = true;\n"
+      << "    #pragma unroll\n"
+      << "    for (int j = 0; j < kBN / 8; ++j)\n"
+      << "      #pragma unroll\n"
+      << "      for (int e = 0; e < 4; ++e) hidden = hidden && mk[j][e] == KILN_NEG_INF;\n"
+      << "    if (__all_sync(0xffffffffu, hidden)) {\n";
+    if (async && stages > 1)
+      s << "      if (next) kiln_cp_wait<2>(); else kiln_cp_wait<0>();\n"
+        << "      __syncthreads();\n";
+    else if (async)
+      s << "      kiln_cp_wait<0>();\n"
+        << "      __syncthreads();\n";
+    s << "      __syncthreads();  // as at the end of a computed tile\n";
+    if (async && stages == 1) {
+      s << "      if (t + 1 < tiles) {\n        const long long n1 = n0 + kBN;\n";
+      load_tiles("0", "n1");
+      s << "      }\n";
+    }
+    s << "      continue;\n"
+      << "    }\n";
   }
   s << "    float sc[kBN / 8][4];\n"
     << "    #pragma unroll\n"
