@@ -63,6 +63,28 @@ class BoolMaskAttention(nn.Module):
         return o.transpose(1, 2).reshape(b, n, d)
 
 
+class CausalBufferAttention(nn.Module):
+    """A causal mask given as a constant tensor (additive 0/-inf, or bool), as a
+    KV-cache model builds it: whole key tiles are hidden from whole row blocks,
+    which the tensor-core kernel skips."""
+
+    def __init__(self, dim=128, heads=2, n=300, additive=True):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        keep = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        if additive:
+            self.register_buffer("mask", torch.zeros(1, 1, n, n).masked_fill(~keep, float("-inf")))
+        else:
+            self.register_buffer("mask", keep)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        return o.transpose(1, 2).reshape(b, n, d)
+
+
 class CrossAttention(nn.Module):
     """Queries from x, keys and values from y (rows != keys), an explicit scale."""
 
@@ -197,6 +219,8 @@ FACTORIES = {
     "SeparateQkv": SeparateQkv,
     "BertAttention": lambda: SeparateQkv(dim=768, heads=12),
     "SdpaCausalLong": lambda: SelfAttention(dim=128, heads=2, causal=True),
+    "SdpaCausalTensorLong": lambda: CausalBufferAttention(additive=True),
+    "SdpaCausalBoolLong": lambda: CausalBufferAttention(additive=False),
     "EagerAttention": EagerAttention,
     "VitAttention": VitAttention,
 }
@@ -217,6 +241,8 @@ CASES = {
     "SeparateQkv": [[3, 48, 64], [3, 48]],
     "BertAttention": [[1, 128, 768], [1, 128]],  # few heads x rows: keys split over warps
     "SdpaCausalLong": [[1, 300, 128]],
+    "SdpaCausalTensorLong": [[1, 300, 128]],
+    "SdpaCausalBoolLong": [[1, 300, 128]],
     "EagerAttention": [[2, 50, 64], [2, 1, 1, 50]],
     "VitAttention": [[1, 197, 768]],
 }
