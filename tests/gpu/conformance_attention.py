@@ -64,9 +64,11 @@ class BoolMaskAttention(nn.Module):
 
 
 class CausalBufferAttention(nn.Module):
-    """A causal mask given as a constant tensor (additive 0/-inf, or bool), as a
-    KV-cache model builds it: whole key tiles are hidden from whole row blocks,
-    which the tensor-core kernel skips."""
+    """A causal mask as a tensor computed at run time (additive 0/-inf, or bool),
+    as a KV-cache model builds it from positions: whole key tiles are hidden
+    from whole row blocks, which the tensor-core kernel skips. (A constant
+    tril mask would be recognized as causal at export; tying it to the input
+    keeps it a mask.)"""
 
     def __init__(self, dim=128, heads=2, n=300, additive=True):
         super().__init__()
@@ -81,7 +83,9 @@ class CausalBufferAttention(nn.Module):
     def forward(self, x):
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        first = x[:, :1, :1].unsqueeze(1)  # [b, 1, 1, 1]
+        mask = self.mask & (first == first) if self.mask.dtype == torch.bool else self.mask + first * 0.0
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return o.transpose(1, 2).reshape(b, n, d)
 
 
