@@ -160,12 +160,14 @@ log "configuring $build (log: $build/configure.log)"
   -DCMAKE_PREFIX_PATH="$sdk/executorch" -DCUDAToolkit_ROOT="$sdk/cuda" \
   -DCUDNN_ROOT="$sdk/cudnn" -DPython_EXECUTABLE="$(command -v "$python")" \
   >"$build/configure.log" 2>&1 || { tail -40 "$build/configure.log" >&2; fail "configure"; }
-log "building kiln_runner and the delegate with $triple-g++ (log: $build/build.log)"
-nice "$cmake_bin" --build "$build" -j2 --target kiln_runner executorch_backend_kiln \
+log "building kiln_runner, the delegate and libkiln_c_api with $triple-g++ (log: $build/build.log)"
+# Every target the install step installs must be built here (cmake --install
+# does not build): the runner, the delegate (+ caller stream) and the C API.
+nice "$cmake_bin" --build "$build" -j2 --target kiln_runner executorch_backend_kiln kiln_c_api \
   >"$build/build.log" 2>&1 || { tail -40 "$build/build.log" >&2; fail "build"; }
 runner=$build/tools/kiln_runner/kiln_runner
 delegate=$build/src/delegate/libexecutorch_backend_kiln.so
-for bin in "$runner" "$delegate" "$build/src/caller_stream/libkiln_caller_stream.so"; do
+for bin in "$runner" "$delegate" "$build/src/caller_stream/libkiln_caller_stream.so" "$build/src/c_api/libkiln_c_api.so"; do
   $triple-readelf -h "$bin" | grep -q 'Machine: *AArch64' ||
     fail "$bin is not an aarch64 ELF file"
 done
