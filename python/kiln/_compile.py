@@ -16,11 +16,10 @@ from executorch.exir import (
     EdgeCompileConfig,
     EdgeProgramManager,
     ExecutorchBackendConfig,
-    to_edge_transform_and_lower,
 )
 from torch.export import ExportedProgram
 
-from . import _constant_fold, _timing, _trial, _weights
+from . import _constant_fold, _edge, _timing, _trial, _weights
 from ._logging import announce, progress
 from ._options import KilnOptions, validate_options
 from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu, PartitionSummary
@@ -28,6 +27,10 @@ from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu
 logger = logging.getLogger("kiln")
 
 OUTPUT_FORMATS = ("executorch",)
+
+# True: ExecuTorch's own to_edge_transform_and_lower instead of _edge.lower's
+# fewer re-traces (the same program; tests compare the two).
+STOCK_EDGE = False
 
 
 def check_exported_program(exported_program: Any, func: str) -> ExportedProgram:
@@ -169,7 +172,7 @@ def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
             partitioners = {name: KilnPartitioner(options, decompose_linear=decompose) for name in programs}
             try:
                 with _timing.lowering():
-                    manager = to_edge_transform_and_lower(
+                    manager = _edge.lower(
                         programs if isinstance(exported_program, dict) else exported_program,
                         partitioner={name: [p] for name, p in partitioners.items()}
                         if isinstance(exported_program, dict) else [partitioners["forward"]],
@@ -177,6 +180,7 @@ def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
                         # export-time constant folding of the edge program (_constant_fold.py)
                         transform_passes=_constant_fold.transform_passes(),
                         constant_methods=constant_methods or None,
+                        stock=STOCK_EDGE,
                     )
             except LinearLeftToCpu as e:
                 if attempt == 2:
