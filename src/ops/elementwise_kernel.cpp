@@ -237,6 +237,20 @@ namespace {
 // 16 bytes of every input read at the output's index and of the output, so
 // all of those must share one element size; 1 when there is no such form
 // (layout maps, odd sizes, nothing contiguous to read).
+// `map` (over the dims of `in`) as a map over the dims of `out`, which `in`
+// broadcasts to: a size-1 dim of `in` does not move.
+AffineMap broadcast_map(const AffineMap& map, const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  if (in.size() > out.size() || map.coef.size() != in.size())
+    throw CompileError("internal: a strided input of rank " + std::to_string(in.size()) + " read over " +
+                       ir::shape_to_string(out));
+  AffineMap m;
+  m.base = map.base;
+  const size_t lead = out.size() - in.size();
+  for (size_t d = 0; d < out.size(); ++d)
+    m.coef.push_back(d < lead || in[d - lead] == 1 ? 0 : map.coef[d - lead]);
+  return m;
+}
+
 int pointwise_vector(const ir::Graph& graph, const PointwisePlan& plan) {
   if (!plan.input_map.coef.empty() || !plan.output_map.coef.empty()) return 1;
   const ir::Value& out = graph.value(plan.out);
@@ -283,6 +297,8 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePla
   };
   auto offset_of = [&](size_t j) {
     const ir::Value& in = graph.value(plan.inputs[j]);
+    if (const PointwisePlan::StridedInput* s = plan.strided_input(plan.inputs[j]))
+      return affine_offset(broadcast_map(s->map, in.shape, out.shape), out.shape);
     return layout ? affine_offset(plan.input_map, iter) : broadcast_offset(in.shape, out.shape);
   };
   auto scalar_load = [&](size_t j) { return "in" + std::to_string(j) + "[" + offset_of(j) + "]"; };
@@ -300,7 +316,7 @@ std::string generate_pointwise_kernel(const ir::Graph& graph, const PointwisePla
       const ir::Value& in = graph.value(plan.inputs[j]);
       const bool rows = !in.shape.empty() && in.shape.size() <= out.shape.size() && in.shape.back() == out.shape.back() &&
                         in.shape.back() % vector == 0 && engine::dtype_size(in.dtype) == size;
-      if (in.shape == out.shape || rows) wide.push_back(j);
+      if ((in.shape == out.shape || rows) && !plan.strided_input(plan.inputs[j])) wide.push_back(j);
     }
     src << "  const bool aligned = ((unsigned long long)out";
     for (size_t j : wide) src << " | (unsigned long long)in" << j;
@@ -348,7 +364,7 @@ void PointwisePlan::lower(LowerContext& ctx, engine::Step& step) const {
   k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(blocks, 65536));
   k.block[0] = kPointwiseBlock;
   k.args.push_back(ctx.tensor_arg(out));
-  for (int in : inputs) k.args.push_back(ctx.tensor_arg(in));
+  for (int in : inputs) k.args.push_back(ctx.tensor_arg(storage_read(in)));
   k.args.push_back(LowerContext::int_arg(n));
 }
 

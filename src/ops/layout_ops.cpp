@@ -395,6 +395,20 @@ std::vector<uint8_t> evaluate_layout(const ir::Graph& graph, const ir::Node& nod
   return data;
 }
 
+bool strided_source(PlanContext& ctx, int value, int* storage, AffineMap* map) {
+  const ir::Graph& g = ctx.graph();
+  const ir::Value& v = g.value(value);
+  if (v.producer < 0 || ctx.absorbed(v.producer)) return false;
+  const std::string& op = g.nodes()[static_cast<size_t>(v.producer)].op;
+  if (!is_constant_permute_op(op) && op != kSlice && op != kSelect) return false;
+  const Source s = source_through_chain(ctx, value, v.dtype);
+  if (s.value == value || s.strides.size() != v.shape.size()) return false;
+  *storage = s.value;
+  map->base = s.offset;
+  map->coef = s.strides;
+  return true;
+}
+
 // Permutes of constants are folded at export (passes/fold_constants.cpp), and
 // so are repeats and as_strided of constants; what reaches fusion becomes
 // layout kernels, one per piece, reading through the layout chain before it

@@ -25,6 +25,15 @@ std::string check_layout(const OpQuery& query);
 // The layout kernels computing `node` (cat and split give one per piece).
 std::vector<PointwisePlan> plan_layout(const ir::Graph& graph, const ir::Node& node);
 
+class PlanContext;
+
+// Where a fused elementwise kernel can read `value` from without the layout
+// kernel that computes it: when `value` is the result of a chain of slices,
+// selects, permutes and views whose intermediates nothing else reads, the
+// chain's source storage and the map from `value`'s index to its element
+// there. False when `value` is no such result.
+bool strided_source(PlanContext& ctx, int value, int* storage, AffineMap* map);
+
 // The bytes of `node`'s output when its input is the constant `in`,
 // computed through its layout plan (one piece; repeat, as_strided).
 std::vector<uint8_t> evaluate_layout(const ir::Graph& graph, const ir::Node& node, const ir::Value& in);

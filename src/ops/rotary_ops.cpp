@@ -5,6 +5,7 @@
 
 #include "codegen/cuda_dtype.h"
 #include "ops/elementwise_kernel.h"
+#include "ops/layout_ops.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -36,6 +37,9 @@ void RotaryPlan::lower(LowerContext& ctx, engine::Step& step) const {
   k.function = ctx.kernel_name("kiln_rotary");
   using codegen::load_expr;
   using codegen::storage_type;
+  // x's element i: contiguous, or through the strides of its source
+  const std::string xo = x_storage >= 0 ? codegen::affine_offset(x_map, ov.shape) : "i";
+  const int64_t step_last = x_storage >= 0 ? x_map.coef.back() : 1;
   std::ostringstream s;
   s << "extern \"C\" __global__ void __launch_bounds__(" << kRotaryBlock << ") " << k.function << "(\n"
     << "    " << storage_type(ov.dtype) << "* __restrict__ out, const " << storage_type(xv.dtype)
@@ -45,10 +49,11 @@ void RotaryPlan::lower(LowerContext& ctx, engine::Step& step) const {
     << "  for (long long i = (long long)blockIdx.x * " << kRotaryBlock << " + threadIdx.x; i < " << ll(n)
     << "; i += stride) {\n"
     << "    const long long j = i % " << ll(d) << ";\n"
+    << "    const long long xi = " << xo << ";\n"
     // rotate_half: the first half takes minus the second, the second the first.
-    << "    const float r = j < " << ll(h) << " ? -" << load_expr(xv.dtype, "x[i + " + ll(h) + "]") << " : "
-    << load_expr(xv.dtype, "x[i - " + ll(h) + "]") << ";\n"
-    << "    const float v = " << load_expr(xv.dtype, "x[i]") << " * "
+    << "    const float r = j < " << ll(h) << " ? -" << load_expr(xv.dtype, "x[xi + " + ll(h * step_last) + "]")
+    << " : " << load_expr(xv.dtype, "x[xi - " + ll(h * step_last) + "]") << ";\n"
+    << "    const float v = " << load_expr(xv.dtype, "x[xi]") << " * "
     << load_expr(cv.dtype, "cs[" + broadcast_offset(cv.shape, ov.shape) + "]") << " + r * "
     << load_expr(sv.dtype, "sn[" + broadcast_offset(sv.shape, ov.shape) + "]") << ";\n"
     << "    out[i] = " << codegen::store_expr(ov.dtype, "v") << ";\n"
@@ -56,7 +61,8 @@ void RotaryPlan::lower(LowerContext& ctx, engine::Step& step) const {
   ctx.add_source(s.str());
   k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + kRotaryBlock - 1) / kRotaryBlock), 65536));
   k.block[0] = kRotaryBlock;
-  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(x), ctx.tensor_arg(cos), ctx.tensor_arg(sin)};
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(x_storage >= 0 ? x_storage : x), ctx.tensor_arg(cos),
+            ctx.tensor_arg(sin)};
 }
 
 KILN_REGISTER_OPS(rotary) {
@@ -71,6 +77,7 @@ KILN_REGISTER_OPS(rotary) {
     p.cos = n.inputs.at(1);
     p.sin = n.inputs.at(2);
     p.out = n.outputs.at(0);
+    if (!strided_source(ctx, p.x, &p.x_storage, &p.x_map)) p.x_storage = -1;
     ctx.emit(PlannedOp("rotary", std::move(p)));
   };
   register_op(std::move(def));

@@ -16,8 +16,12 @@ constexpr const char* kKilnRotaryOp = "kiln.rotary";
 
 struct RotaryPlan : StepPlanBase<RotaryPlan> {
   int x = -1, cos = -1, sin = -1, out = -1;
+  // x read through the slices/permutes that made it (layout_ops.h
+  // strided_source: q and k as columns of one merged projection); -1: x itself
+  int x_storage = -1;
+  AffineMap x_map;
 
-  std::vector<int> reads() const override { return {x, cos, sin}; }
+  std::vector<int> reads() const override { return {x_storage >= 0 ? x_storage : x, cos, sin}; }
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };

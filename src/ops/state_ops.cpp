@@ -6,6 +6,7 @@
 
 #include "codegen/cuda_dtype.h"
 #include "ops/gather_kernel.h"
+#include "ops/layout_ops.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -83,6 +84,8 @@ void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
   step.kind = engine::StepKind::kKernel;
   engine::KernelStep& k = step.kernel;
   k.function = ctx.kernel_name("kiln_state_scatter");
+  // values' element e (as `i`): contiguous, or through its source's strides
+  const std::string vo = values_storage >= 0 ? codegen::affine_offset(values_map, val.shape) : "i";
   std::ostringstream s;
   // values[o, i, r] -> state[o, index[i], r]: one thread an element of values.
   s << "extern \"C\" __global__ void __launch_bounds__(" << kScatterBlock << ") " << k.function << "(\n"
@@ -91,16 +94,17 @@ void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
     << "  const long long stride = (long long)gridDim.x * " << kScatterBlock << ";\n"
     << "  for (long long e = (long long)blockIdx.x * " << kScatterBlock << " + threadIdx.x; e < " << ll(total)
     << "; e += stride) {\n"
-    << "    const long long r = e % " << ll(inner) << ", i = (e / " << ll(inner) << ") % " << ll(n)
+    << "    const long long r = e % " << ll(inner) << ", t = (e / " << ll(inner) << ") % " << ll(n)
     << ", o = e / " << ll(inner * n) << ";\n"
-    << "    long long p = (long long)index[i];\n"
+    << "    long long p = (long long)index[t];\n"
     << wrap_clamp_index("p", size, "    ")
-    << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + r] = values[e];\n"
+    << "    const long long i = e;\n"
+    << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + r] = values[" << vo << "];\n"
     << "  }\n}\n";
   ctx.add_source(s.str());
   k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (total + kScatterBlock - 1) / kScatterBlock), 65536));
   k.block[0] = kScatterBlock;
-  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(index), ctx.tensor_arg(values)};
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(index), ctx.tensor_arg(values_storage >= 0 ? values_storage : values)};
 }
 
 KILN_REGISTER_OPS(state) {
@@ -131,6 +135,7 @@ KILN_REGISTER_OPS(state) {
                            "' too; an in-place update cannot keep it");
     p.index = n.inputs[1];
     p.values = n.inputs[2];
+    if (!strided_source(ctx, p.values, &p.values_storage, &p.values_map)) p.values_storage = -1;
     p.out = n.outputs[0];
     ctx.alias(p.out, p.state);
     ctx.emit(PlannedOp("state_update", std::move(p)));

@@ -27,8 +27,12 @@ struct StateScatterPlan : StepPlanBase<StateScatterPlan> {
   int index = -1;   // int64/int32 positions along `dim`, 1-D
   int values = -1;  // the state's shape with dim `dim` of the index's length
   int64_t dim = 0;
+  // values read through the slices/permutes that made it (layout_ops.h
+  // strided_source: k and v as columns of one merged projection); -1: itself
+  int values_storage = -1;
+  AffineMap values_map;
 
-  std::vector<int> reads() const override { return {index, values}; }
+  std::vector<int> reads() const override { return {index, values_storage >= 0 ? values_storage : values}; }
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };

@@ -109,8 +109,18 @@ struct PoolPlan : StepPlanBase<PoolPlan> {
 // are the values read from memory (broadcast to the output's shape). No
 // nodes means a plain copy of inputs[0] into `out`.
 struct PointwisePlan : StepPlanBase<PointwisePlan> {
+  // An input read straight from the storage a layout chain (slice, permute,
+  // select, view) would have copied it out of: element `i` of the output's
+  // iteration reads `storage` at map.base + sum(index_d * map.coef[d]). The
+  // chain's own kernel then has no reader and is dropped (fuse.cpp).
+  struct StridedInput {
+    int input = -1;    // the value the nodes name (the chain's result)
+    int storage = -1;  // the value actually read
+    AffineMap map;     // over the output's dims
+  };
   std::vector<int> nodes;
   std::vector<int> inputs;
+  std::vector<StridedInput> strided;
   int out = -1;
   // Layout kernels (no nodes, one input): iterate over `iter_shape` (empty:
   // the output's shape), read inputs[0] through `input_map` and write `out`
@@ -119,7 +129,21 @@ struct PointwisePlan : StepPlanBase<PointwisePlan> {
   AffineMap input_map;
   AffineMap output_map;
 
-  std::vector<int> reads() const override { return inputs; }
+  const StridedInput* strided_input(int value) const {
+    for (const StridedInput& s : strided)
+      if (s.input == value) return &s;
+    return nullptr;
+  }
+  // The storage input `value` is read from.
+  int storage_read(int value) const {
+    const StridedInput* s = strided_input(value);
+    return s ? s->storage : value;
+  }
+  std::vector<int> reads() const override {
+    std::vector<int> r;
+    for (int in : inputs) r.push_back(storage_read(in));
+    return r;
+  }
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };

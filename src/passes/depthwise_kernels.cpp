@@ -80,7 +80,8 @@ void plan_depthwise_kernels(ir::Graph& graph, ExecPlan& plan) {
       const ops::PointwisePlan& p = pp ? *pp : kNone;
       const std::vector<int64_t>& shape = graph.value(v).shape;
       bool ok = pp != nullptr && !p.nodes.empty() && p.iter_shape.empty() &&
-                p.input_map.coef.empty() && p.output_map.coef.empty() && graph.value(p.out).shape == shape &&
+                p.input_map.coef.empty() && p.output_map.coef.empty() && p.strided.empty() &&
+                graph.value(p.out).shape == shape &&
                 std::count(p.inputs.begin(), p.inputs.end(), v) == 1;
       for (int in : p.inputs) ok = ok && (in == v || depthwise_operand_ok(graph.value(in).shape, shape));
       if (ok) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 
+#include "ops/layout_ops.h"
 #include "ops/op_registry.h"
 #include "passes/passes.h"
 
@@ -59,6 +60,8 @@ class Fuser final : public ops::PlanContext {
   bool single_use(int v) const { return consumers(v).size() == 1 && !is_output(v); }
   const ops::PointwisePlan& pointwise(int op) const { return *plan_.ops[static_cast<size_t>(op)].as<ops::PointwisePlan>(); }
   void fuse_elementwise(const ir::Node& node, int n);
+  void add_input(ops::PointwisePlan& p, int in);
+  void take_inputs(ops::PointwisePlan& p, const ops::PointwisePlan& producer);
 
   ir::Graph& graph_;
   const ops::OpOptions& options_;
@@ -72,6 +75,29 @@ class Fuser final : public ops::PlanContext {
   std::map<int, std::vector<ops::PlannedOp>> deferred_;
   ExecPlan plan_;
 };
+
+// Adds `in` to the kernel's inputs (once). A slice, select or permute result
+// (and the chain of them before it) is read from its source storage through
+// strides instead: its layout kernel loses its reader and is dropped. Merged
+// q/k/v or gate/up projections are so read column by column, and a permute
+// feeding arithmetic costs no copy. An alias already costs nothing and keeps
+// the kernel's vector loads.
+void Fuser::add_input(ops::PointwisePlan& p, int in) {
+  if (std::find(p.inputs.begin(), p.inputs.end(), in) != p.inputs.end()) return;
+  p.inputs.push_back(in);
+  if (plan_.alias_of.count(in)) return;
+  ops::PointwisePlan::StridedInput s;
+  s.input = in;
+  if (ops::strided_source(*this, in, &s.storage, &s.map)) p.strided.push_back(std::move(s));
+}
+
+void Fuser::take_inputs(ops::PointwisePlan& p, const ops::PointwisePlan& producer) {
+  for (int x : producer.inputs) {
+    if (std::find(p.inputs.begin(), p.inputs.end(), x) != p.inputs.end()) continue;
+    p.inputs.push_back(x);
+    if (const ops::PointwisePlan::StridedInput* s = producer.strided_input(x)) p.strided.push_back(*s);
+  }
+}
 
 void Fuser::fuse_elementwise(const ir::Node& node, int n) {
   const int out = node.outputs[0];
@@ -88,12 +114,11 @@ void Fuser::fuse_elementwise(const ir::Node& node, int n) {
       if (g >= 0 && !dead_[static_cast<size_t>(g)] && single_use(in) && (same_shape || small_broadcast)) {
         const ops::PointwisePlan& producer = pointwise(g);
         p.nodes.insert(p.nodes.end(), producer.nodes.begin(), producer.nodes.end());
-        for (int x : producer.inputs)
-          if (std::find(p.inputs.begin(), p.inputs.end(), x) == p.inputs.end()) p.inputs.push_back(x);
+        take_inputs(p, producer);
         label += plan_.ops[static_cast<size_t>(g)].label + "+";
         dead_[static_cast<size_t>(g)] = true;
-      } else if (std::find(p.inputs.begin(), p.inputs.end(), in) == p.inputs.end()) {
-        p.inputs.push_back(in);
+      } else {
+        add_input(p, in);
       }
     }
     // A producer with several consumers still fuses when every consumer is
@@ -110,8 +135,7 @@ void Fuser::fuse_elementwise(const ir::Node& node, int n) {
       if (!all_inside) continue;
       const ops::PointwisePlan& producer = pointwise(g);
       p.nodes.insert(p.nodes.end(), producer.nodes.begin(), producer.nodes.end());
-      for (int x : producer.inputs)
-        if (std::find(p.inputs.begin(), p.inputs.end(), x) == p.inputs.end()) p.inputs.push_back(x);
+      take_inputs(p, producer);
       label = plan_.ops[static_cast<size_t>(g)].label + "+" + label;
       dead_[static_cast<size_t>(g)] = true;
       merged_shared = true;

@@ -1,6 +1,8 @@
 #include "passes/graph_queries.h"
 
 #include "ops/attention_ops.h"
+#include "ops/op_registry.h"
+#include "ops/rotary_ops.h"
 #include "ops/view_ops.h"
 
 namespace kiln::passes {
@@ -43,6 +45,30 @@ bool only_attention_reads_at(const ir::Graph& graph, const std::vector<std::vect
 
 bool only_attention_reads(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v) {
   return only_attention_reads_at(graph, consumers, v, 0);
+}
+
+namespace {
+
+bool only_strided_reads_at(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v, int depth) {
+  if (depth > 24) return false;
+  const int r = sole_reader(graph, consumers, v);
+  if (r < 0) return only_attention_reads_at(graph, consumers, v, depth);
+  const ir::Node& n = graph.nodes()[static_cast<size_t>(r)];
+  if (ops::is_attention_op(n.op)) return true;
+  if (n.op == ops::kKilnRotaryOp) return n.inputs.at(0) == v;
+  if (n.op == "aten.index_put.default") return n.inputs.size() == 3 && n.inputs[2] == v;
+  const ops::OpDef* def = ops::find_op(n.op);
+  if (def != nullptr && def->role == ops::OpRole::kElementwise) return true;
+  const bool chain = ops::is_view_op(n.op) || ops::is_constant_permute_op(n.op) || n.op == "aten.slice_copy.Tensor" ||
+                     n.op == "aten.select_copy.int";
+  if (!chain || n.outputs.size() != 1 || n.inputs.empty() || n.inputs[0] != v) return false;
+  return only_strided_reads_at(graph, consumers, n.outputs[0], depth + 1);
+}
+
+}  // namespace
+
+bool only_strided_reads(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v) {
+  return only_strided_reads_at(graph, consumers, v, 0);
 }
 
 }  // namespace kiln::passes

@@ -19,4 +19,11 @@ int sole_reader(const ir::Graph& graph, const std::vector<std::vector<int>>& con
 // an attention step, which reads it through strides (so the copies vanish).
 bool only_attention_reads(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v);
 
+// Whether every use of v can read it through strides, so a slice of it costs
+// no copy: attention operands (as above), or, through views, permutes,
+// slices and selects each read by one node, the x of a rotary, the values of
+// a cache update or an operand of fused elementwise arithmetic
+// (ops/layout_ops.h strided_source).
+bool only_strided_reads(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v);
+
 }  // namespace kiln::passes

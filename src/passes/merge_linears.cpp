@@ -1,11 +1,13 @@
 // Sibling linears as one GEMM. Hugging Face BERT and Llama project the same
-// hidden states three times (query, key, value), each a GEMM that at batch 1
-// is too small to fill the GPU. When linears read the same input with
-// constant weights of the same width and their results only feed attention
-// operands, they become one linear over the weights stacked by rows (and
-// the biases concatenated); each old result is a slice of the new one's
-// last dim, which the attention step reads through strides
-// (attention_layout.cpp), so no copy is added.
+// hidden states several times (query, key, value; an MLP's gate and up),
+// each a GEMM that at batch 1 is too small to fill the GPU (a decode step's
+// GEMVs are launch-bound). When linears read the same input with constant
+// weights of the same width and every use of their results can read a slice
+// through strides (graph_queries.h only_strided_reads: attention operands,
+// rotary, cache updates, fused elementwise kernels), they become one linear
+// over the weights stacked by rows (and the biases concatenated); each old
+// result is a slice of the new one's last dim, read in place, so no copy is
+// added.
 #include <map>
 #include <string>
 
@@ -47,7 +49,7 @@ ir::Graph merge_sibling_linears(const ir::Graph& graph) {
   std::map<std::string, Group> groups;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     const ir::Node& n = graph.nodes()[i];
-    if (!constant_operands(graph, n) || !only_attention_reads(graph, consumers, n.outputs[0])) continue;
+    if (!constant_operands(graph, n) || !only_strided_reads(graph, consumers, n.outputs[0])) continue;
     groups[key_of(graph, n)].linears.push_back(static_cast<int>(i));
   }
   std::map<int, const Group*> first_of;  // the group's first linear -> group

@@ -236,6 +236,91 @@ TEST(DecodeOps, RotaryKernelMatchesReference) {
   }
 }
 
+// q and k as columns of one merged projection (passes/merge_linears.cpp):
+// the rotary reads its x straight from the merged result through the
+// slice -> view -> permute chain, whose layout kernel is then dropped.
+TEST(DecodeOps, RotaryReadsAMergedProjectionThroughStrides) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = DType::kFloat16;
+  const int64_t heads = 2, hd = 16, width = 3 * heads * hd, start = heads * hd;  // the k columns
+  ir::Graph g;
+  const int m = g.add_input("qkv", dt, {1, 1, width});
+  const int cos = g.add_input("cos", dt, {1, 1, 1, hd}), sin = g.add_input("sin", dt, {1, 1, 1, hd});
+  const int k = slice_last(g, m, start, start + heads * hd);
+  const int v4 = out0(g, g.add_node("aten.view_copy.default", "view", {k}, {{"size", Shape{1, 1, heads, hd}}},
+                                    {{dt, {1, 1, heads, hd}}}));
+  const Shape xs{1, heads, 1, hd};
+  const int x = out0(g, g.add_node("aten.permute_copy.default", "perm", {v4}, {{"dims", Shape{0, 2, 1, 3}}},
+                                   {{dt, xs}}));
+  const int x2 = slice_last(g, x, hd / 2, hd), x1 = slice_last(g, x, 0, hd / 2);
+  const int neg = out0(g, g.add_node("aten.neg.default", "neg", {x2}, {}, {{dt, g.value(x2).shape}}));
+  const int cat = out0(g, g.add_node("aten.cat.default", "cat", {neg, x1}, {{"dim", int64_t{-1}}}, {{dt, xs}}));
+  const int m1 = out0(g, g.add_node("aten.mul.Tensor", "mul_cos", {x, cos}, {}, {{dt, xs}}));
+  const int m2 = out0(g, g.add_node("aten.mul.Tensor", "mul_sin", {sin, cat}, {}, {{dt, xs}}));
+  g.set_outputs({out0(g, g.add_node("aten.add.Tensor", "add", {m2, m1}, {}, {{dt, xs}}))});
+  ASSERT_EQ(passes::fuse_rotary(g), 1);
+  passes::ExecPlan plan = passes::fuse(g);
+  ASSERT_EQ(plan.ops.size(), 1u) << "the slice/permute kernel must be dropped";
+  const auto* rotary = plan.ops[0].as<ops::RotaryPlan>();
+  ASSERT_NE(rotary, nullptr);
+  EXPECT_EQ(rotary->x_storage, m);
+  TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[0].plan->lower(ctx, step);
+  EXPECT_EQ(step.kernel.args[1].tensor, static_cast<uint32_t>(m));
+  std::vector<uint8_t> mb = random_bytes(dt, width, rng), cb = random_bytes(dt, hd, rng), sb = random_bytes(dt, hd, rng);
+  const int64_t n = heads * hd;
+  std::vector<uint8_t> ob(static_cast<size_t>(n) * 2);
+  void* p[] = {ob.data(), mb.data(), cb.data(), sb.data()};
+  void* args[] = {&p[0], &p[1], &p[2], &p[3]};
+  testing::run_host_kernel(ctx.source(), step.kernel.function, "rotary_strided", args, step.kernel.grid[0],
+                           step.kernel.block[0], KILN_SHIM_HEADER);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = i % hd, h = hd / 2;
+    auto xk = [&](int64_t e) { return read_elem(dt, mb, static_cast<size_t>(start + e)); };
+    const double r = j < h ? -xk(i + h) : xk(i - h);
+    const double want = round_to(dt, xk(i) * read_elem(dt, cb, static_cast<size_t>(j)) +
+                                         r * read_elem(dt, sb, static_cast<size_t>(j)));
+    ASSERT_NEAR(read_elem(dt, ob, static_cast<size_t>(i)), want, 2e-3 * (1.0 + std::fabs(want))) << "element " << i;
+  }
+}
+
+// An MLP's gate and up as halves of one merged projection: silu(gate) * up
+// is one elementwise kernel reading both halves in place (no slice kernels).
+TEST(DecodeOps, ElementwiseKernelReadsBothHalvesOfAMergedProjection) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = DType::kFloat32;
+  const int64_t rows = 3, inter = 40;
+  ir::Graph g;
+  const int gu = g.add_input("gate_up", dt, {1, rows, 2 * inter});
+  const int gate = slice_last(g, gu, 0, inter), up = slice_last(g, gu, inter, 2 * inter);
+  const Shape s{1, rows, inter};
+  const int act = out0(g, g.add_node("aten.silu.default", "silu", {gate}, {}, {{dt, s}}));
+  g.set_outputs({out0(g, g.add_node("aten.mul.Tensor", "mul", {act, up}, {}, {{dt, s}}))});
+  passes::ExecPlan plan = passes::fuse(g);
+  ASSERT_EQ(plan.ops.size(), 1u) << "the slices must be read in place";
+  TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[0].plan->lower(ctx, step);
+  ASSERT_EQ(step.kernel.args.size(), 4u);  // out, gate, up, n
+  EXPECT_EQ(step.kernel.args[1].tensor, static_cast<uint32_t>(gu));
+  EXPECT_EQ(step.kernel.args[2].tensor, static_cast<uint32_t>(gu));
+  const int64_t n = rows * inter;
+  std::vector<uint8_t> in = random_bytes(dt, 2 * n, rng), ob(static_cast<size_t>(n) * 4);
+  long long count = n;
+  void* p[] = {ob.data(), in.data(), in.data()};
+  void* args[] = {&p[0], &p[1], &p[2], &count};
+  testing::run_host_kernel(ctx.source(), step.kernel.function, "pointwise_strided", args, step.kernel.grid[0],
+                           step.kernel.block[0], KILN_SHIM_HEADER);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = i / inter, c = i % inter;
+    const double a = read_elem(dt, in, static_cast<size_t>(r * 2 * inter + c));
+    const double b = read_elem(dt, in, static_cast<size_t>(r * 2 * inter + inter + c));
+    const double want = a / (1.0 + std::exp(-a)) * b;
+    ASSERT_NEAR(read_elem(dt, ob, static_cast<size_t>(i)), want, 1e-5 * (1.0 + std::fabs(want))) << "element " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
 

@@ -162,7 +162,7 @@ TEST_F(CompilerPipeline, SerializedEngineParsesBack) {
   EXPECT_EQ(*parsed.value().find_metadata("use_cuda_graphs"), "true");
 }
 
-TEST_F(CompilerPipeline, PermuteOfAnActivationBecomesAGatherKernel) {
+TEST_F(CompilerPipeline, PermuteOfAnActivationIsReadThroughStridesByTheElementwiseKernel) {
   ir::Graph g;
   int x = g.add_input("x", DType::kFloat32, {2, 3, 5});
   int p = g.add_node("aten.permute_copy.default", "perm", {x}, {{"dims", std::vector<int64_t>{2, 0, 1}}},
@@ -170,9 +170,11 @@ TEST_F(CompilerPipeline, PermuteOfAnActivationBecomesAGatherKernel) {
   int e = g.add_node("aten.hardswish.default", "hs", {g.nodes()[p].outputs[0]}, {}, {{DType::kFloat32, {5, 2, 3}}});
   g.set_outputs({g.nodes()[e].outputs[0]});
   engine::EngineDesc d = compiler::compile_to_desc(g, {});
-  ASSERT_EQ(d.steps.size(), 2u);
-  EXPECT_EQ(d.steps[0].label, "permute_copy");
-  EXPECT_EQ(d.steps[1].label, "hardswish");
+  // No permute kernel: hardswish reads x through the permute's strides.
+  ASSERT_EQ(d.steps.size(), 1u);
+  EXPECT_EQ(d.steps[0].label, "hardswish");
+  ASSERT_EQ(d.steps[0].kernel.args.size(), 3u);  // out, x, n
+  EXPECT_EQ(d.steps[0].kernel.args[1].tensor, d.inputs[0]);
   // out[a][b][c] = in[b][c][a]: out dim 0 (size 5) is input dim 2 (stride 1),
   // out dim 1 is input dim 0 (stride 15), out dim 2 is input dim 1 (stride 5).
   const std::string& src = d.modules[0].source;
