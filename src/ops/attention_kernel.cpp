@@ -198,6 +198,25 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "  for (int t = 0; t < tiles; ++t) {\n"
     << "    const long long n0 = (long long)t * kBN;\n"
     << "    const int buf = kStages > 1 ? (t & 1) : 0;\n";
+  // A key tile's value wait (async copies) and its end: every warp is done
+  // with the buffer before it is refilled (single stage: refilled here).
+  // Emitted for computed tiles and for tiles a mask hides alike.
+  auto wait_values = [&](const std::string& in) {
+    if (async && stages > 1)
+      s << in << "if (next) kiln_cp_wait<2>(); else kiln_cp_wait<0>();  // this tile's values\n"
+        << in << "__syncthreads();\n";
+    else if (async)
+      s << in << "kiln_cp_wait<0>();  // this tile's values\n"
+        << in << "__syncthreads();\n";
+  };
+  auto end_tile = [&](const std::string& in) {
+    s << in << "__syncthreads();  // every warp is done with this buffer before it is refilled\n";
+    if (async && stages == 1) {
+      s << in << "if (t + 1 < tiles) {\n" << in << "  const long long n1 = n0 + kBN;\n";
+      load_tiles("0", "n1");
+      s << in << "}\n";
+    }
+  };
   if (async && stages > 1) {
     s << "    const bool next = t + 1 < tiles;\n"
       << "    if (next) {\n      const long long n1 = n0 + kBN;\n      const int nb = buf ^ 1;\n";
@@ -232,18 +251,10 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
       << "      #pragma unroll\n"
       << "      for (int e = 0; e < 4; ++e) hidden = hidden && mk[j][e] == KILN_NEG_INF;\n"
       << "    if (__all_sync(0xffffffffu, hidden)) {\n";
-    if (async && stages > 1)
-      s << "      if (next) kiln_cp_wait<2>(); else kiln_cp_wait<0>();\n"
-        << "      __syncthreads();\n";
-    else if (async)
-      s << "      kiln_cp_wait<0>();\n"
-        << "      __syncthreads();\n";
-    s << "      __syncthreads();  // as at the end of a computed tile\n";
-    if (async && stages == 1) {
-      s << "      if (t + 1 < tiles) {\n        const long long n1 = n0 + kBN;\n";
-      load_tiles("0", "n1");
-      s << "      }\n";
-    }
+    // the same waits, barrier and refill as a computed tile, so the
+    // pipeline is in the same state after either
+    wait_values("      ");
+    end_tile("      ");
     s << "      continue;\n"
       << "    }\n";
   }
@@ -296,12 +307,7 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "      #pragma unroll\n"
     << "      for (int j = 0; j < kDv / 8; ++j) { acc[j][2 * r] *= alpha; acc[j][2 * r + 1] *= alpha; }\n"
     << "    }\n";
-  if (async && stages > 1)
-    s << "    if (next) kiln_cp_wait<2>(); else kiln_cp_wait<0>();  // this tile's values\n"
-      << "    __syncthreads();\n";
-  else if (async)
-    s << "    kiln_cp_wait<0>();  // this tile's values\n"
-      << "    __syncthreads();\n";
+  wait_values("    ");
   s << "    // O += P V: P's accumulators are already the A fragments' layout.\n"
     << "    #pragma unroll\n"
     << "    for (int kk = 0; kk < kBN / 16; ++kk) {\n"
@@ -316,13 +322,8 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "        kiln_ldsm_x2_trans(b0, b1, vs[buf] + (kk * 16 + (lane & 15)) * kVs + j * 8);\n"
     << "        " << mma << "(acc[j], a, b0, b1);\n"
     << "      }\n"
-    << "    }\n"
-    << "    __syncthreads();  // every warp is done with this buffer before it is refilled\n";
-  if (async && stages == 1) {
-    s << "    if (t + 1 < tiles) {\n      const long long n1 = n0 + kBN;\n";
-    load_tiles("0", "n1");
-    s << "    }\n";
-  }
+    << "    }\n";
+  end_tile("    ");
   s << "  }\n"
     << "  #pragma unroll\n"
     << "  for (int r = 0; r < 2; ++r) {\n"
