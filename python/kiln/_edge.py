@@ -3,9 +3,9 @@ fewer re-traces of the graph, same result.
 
 Most of a large model's export time is not Kiln's: it is ExecuTorch turning
 the ATen program into an edge program, and every step of that re-traces the
-whole graph with fake tensors (swin_t: ~2 s a trace on the 2-core machine).
-ExecuTorch 1.5.1 traces it about nine times. This module does the same
-work in four:
+whole graph with fake tensors (swin_t: ~1-2 s a trace on the 2-core machine).
+ExecuTorch 1.5.1 traces it nine times. This module does the same work in
+three:
 
 - **One decomposition.** ExecuTorch functionalizes the exported program
   (``run_decompositions({})``) and then decomposes it with the table minus
@@ -14,12 +14,13 @@ work in four:
   one-decomposition case, ``KilnPartitioner.single_decomposition``);
   otherwise ExecuTorch's own path runs, unchanged.
 - **Fused op-replacement passes.** The edge passes that only rewrite one
-  operator at a time (``call_operator`` overrides: transpose
-  normalization, view -> view_copy, scalar -> tensor, SymInt -> tensor,
+  operator at a time (``call_operator`` overrides: view -> view_copy,
+  transpose normalization, broken views, scalar -> tensor, SymInt -> tensor,
   mixed-type casts, ATen -> edge ops) run as one pass per run of
   consecutive such passes: a class whose MRO chains them, so each node goes
   through them in their order, exactly as one pass after another would see
-  it. Passes that rewrite the graph as a whole run alone, in their place.
+  it. Passes that rewrite the graph as a whole run alone, in their place;
+  that leaves two runs (before and after the in-place no-op removals).
 
 Everything else (the pass lists and their order, the verifier, the
 partitioners, the lowering) is ExecuTorch's. The result is the same program,
@@ -50,19 +51,36 @@ from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
     ReplaceBrokenOpsWithFunctionalOpsPass,
 )
 from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
+from executorch.exir.passes.replace_sym_size_op_pass import ReplaceSymSizeOpPass
 from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
 from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
 from executorch.exir.program import _program as et_program
 from executorch.exir.tracer import _default_decomposition_table
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
+from torch._export.passes import replace_view_ops_with_view_copy_ops_pass as torch_view_copy
+from torch._ops import HigherOrderOperator
 from torch.export import ExportedProgram
+
+
+class ViewToViewCopyPass(ExportPass):
+    """torch's ReplaceViewOpsWithViewCopyOpsPass (view ops -> their _copy
+    variants, with torch's own tables), on ExecuTorch's pass base so that it
+    can run fused with the per-node passes after it."""
+
+    def call_operator(self, op, args, kwargs, meta):
+        replaced = torch_view_copy._NON_FUNCTIONAL_OPS_TO_FUNCTIONAL_OPS.get(op)
+        if replaced is None and not isinstance(op, HigherOrderOperator):
+            replaced = torch_view_copy.get_view_copy_of_view_op(op._schema)
+        return super().call_operator(replaced or op, args, kwargs, meta)
+
 
 # Passes that only override call_operator (one node in, its replacement out,
 # no state across nodes), so chaining them per node equals running them one
 # after another. ScalarToTensorPass also overrides call(), only to report
 # whether it changed anything.
 PER_NODE_PASSES = (
+    ViewToViewCopyPass,
     NormalizeTransposePass,
     ReplaceBrokenOpsWithFunctionalOpsPass,
     ScalarToTensorPass,
@@ -111,8 +129,18 @@ def generate_edge_program(config: EdgeCompileConfig, program: ExportedProgram,
     """ExecuTorch's ``_generate_edge_program`` with the per-node passes fused."""
     program = remove_unused_parameters_pass(program)
     pre_op_replace_passes, post_op_replace_passes = et_program._get_aten_to_edge_passes(config)
-    passes = [RemoveNonCoreAtenOpGraphAssertsPass(), ReplaceViewOpsWithViewCopyOpsPass()]
-    passes.extend(pre_op_replace_passes)
+    passes = [RemoveNonCoreAtenOpGraphAssertsPass()]
+    pre = list(pre_op_replace_passes)
+    # torch's view -> view_copy pass runs first in ExecuTorch, then the
+    # SymInt-size op fix (in place, which only retargets aten.sym_size/
+    # sym_stride/sym_numel packets, no view op), then the per-node passes.
+    # Run the fix first and the view pass, as ViewToViewCopyPass, fused with
+    # the per-node passes: the same rewrites in the same order per node.
+    if pre and isinstance(getattr(pre[0], "__wrapped__", pre[0]), ReplaceSymSizeOpPass):
+        passes += [pre.pop(0), ViewToViewCopyPass()]
+    else:
+        passes.append(ReplaceViewOpsWithViewCopyOpsPass())
+    passes.extend(pre)
     passes.append(OpReplacePass())
     if not config._skip_dim_order:
         passes.append(et_program.MemoryFormatOpsPass())

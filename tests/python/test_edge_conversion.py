@@ -120,8 +120,8 @@ def test_fewer_traces_and_the_fallback_to_executorchs_path(monkeypatch):
     # the per-node passes ran fused, in two runs (before and after the
     # in-place no-op removals), each once
     fused = [t for t in traced if t.startswith("Fused_")]
-    assert fused == ["Fused_NormalizeTransposePass_ReplaceBrokenOpsWithFunctionalOpsPass_ScalarToTensorPass_"
-                     "SymToTensorPass", "Fused_RemoveMixedTypeOperators_OpReplacePass"], traced
+    assert fused == ["Fused_ViewToViewCopyPass_NormalizeTransposePass_ReplaceBrokenOpsWithFunctionalOpsPass_"
+                     "ScalarToTensorPass_SymToTensorPass", "Fused_RemoveMixedTypeOperators_OpReplacePass"], traced
     assert "OpReplacePass" not in traced
 
     # A float64 linear is not Kiln's: the partitioner needs ExecuTorch's
