@@ -19,7 +19,7 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from . import _constant_fold, _edge, _timing, _trial, _weights
+from . import _constant_fold, _delegate_meta, _edge, _timing, _trial, _weights
 from ._logging import announce, progress
 from ._options import KilnOptions, validate_options
 from .partitioner import DECOMPOSE_ALL_LINEARS, KilnPartitioner, LinearLeftToCpu, PartitionSummary
@@ -529,7 +529,11 @@ def _save(compiled: CompiledProgram, path, use_cuda_graphs, backend_config, ptd_
     start = time.perf_counter()
     if ptd_path is not None:
         _weights.move_to_external_file(manager, ptd_path.name)
-    program = manager.to_executorch(backend_config) if backend_config is not None else manager.to_executorch()
+    # to_executorch re-traces the top-level graph: let the delegate calls
+    # there take their outputs' shapes from the partition's graph instead of
+    # running the whole partition on fake tensors each time.
+    with _delegate_meta.shape_only_delegates(_kiln_lowered_modules(manager)):
+        program = manager.to_executorch(backend_config) if backend_config is not None else manager.to_executorch()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:

@@ -31,18 +31,20 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def _constant_tensor(program: ExportedProgram, node: torch.fx.Node) -> tuple[str, torch.Tensor]:
-    sig = program.graph_signature
-    if node.name in sig.inputs_to_parameters:
-        key = sig.inputs_to_parameters[node.name]
+def _constant_tensor(program: ExportedProgram, node: torch.fx.Node, spec) -> tuple[str, torch.Tensor]:
+    """The state-dict key and tensor of constant placeholder `node`, whose
+    input spec is `spec` (looked up once by the caller: the signature's
+    inputs_to_* properties rebuild a dict on every access)."""
+    if spec is None or spec.target is None:
+        raise CompileError(f"constant '{node.name}' is not an input of the program's signature")
+    key = spec.target
+    if spec.kind == InputKind.PARAMETER:
         value = program.state_dict.get(key)
-    elif node.name in sig.inputs_to_buffers:
-        key = sig.inputs_to_buffers[node.name]
+    elif spec.kind == InputKind.BUFFER:
         value = program.state_dict.get(key)
         if value is None:  # non-persistent buffers live in constants
             value = program.constants.get(key)
     else:
-        key = sig.inputs_to_lifted_tensor_constants[node.name]
         value = program.constants.get(key)
     if not isinstance(value, torch.Tensor):
         raise CompileError(f"constant '{node.name}' ({key}) has no tensor data in the program")
@@ -116,7 +118,7 @@ class _Builder:
             spec = kinds.get(node.name)
             t = self._type(node)
             if node.name in constants:
-                key, tensor = _constant_tensor(self.program, node)
+                key, tensor = _constant_tensor(self.program, node, spec)
                 if self.resolve is not None:
                     real = self.resolve(key, tensor)
                     if real is None:  # data unknown here: same size, zeros

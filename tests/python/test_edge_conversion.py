@@ -146,3 +146,65 @@ def test_fuse_keeps_the_order_of_the_other_passes():
                      "RemoveNoopPass", "PruneEmptyTensorsPass", "RemoveToCopyPass",
                      "FoldRedundantDequantizeQuantizePass",
                      "Fused_RemoveMixedTypeOperators_OpReplacePass"]
+
+
+class _TwoOutputs(torch.nn.Module):
+    """A dict output of a permuted (non-contiguous) and a plain tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):  # [2, 5, 16]
+        y = self.fc(x)
+        return {"t": y.permute(0, 2, 1), "s": y.sum(-1)}
+
+
+@pytest.mark.parametrize("model", ["two_outputs", "cache", "methods"])
+def test_shape_only_delegates_write_the_same_program(model, tmp_path, monkeypatch):
+    """kiln.save with the delegates' outputs built from recorded shapes
+    (_delegate_meta) writes the bytes torch's fake run of each partition
+    gives, and never unlifts a Kiln partition's program to do it."""
+    import contextlib
+
+    from kiln import _delegate_meta
+
+    torch.manual_seed(2)
+    options: dict = {"target_sms": [90]}
+    if model == "two_outputs":
+        program = export(_TwoOutputs().eval(), torch.randn(2, 5, 16))
+    elif model == "cache":
+        program = torch.export.export(_Cache().eval(), (torch.randn(1, 4, 1, 16), torch.tensor([3])))
+        options["model_id"] = "meta-test"
+    else:
+        block = MLP().eval()
+        program = {"big": export(block, torch.randn(8, 64)), "small": export(block, torch.randn(2, 64))}
+        options["model_id"] = "meta-multi"
+    compiled = kiln.compile(program, **options)
+
+    unlifted = []
+    real_module = torch.export.ExportedProgram.module
+
+    def spy(self, *args, **kwargs):
+        unlifted.append(self)
+        return real_module(self, *args, **kwargs)
+
+    given = []
+    real_context = _delegate_meta.shape_only_delegates
+
+    def record(modules):
+        given.extend(modules)
+        return real_context(modules)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "module", spy)
+    monkeypatch.setattr(_delegate_meta, "shape_only_delegates", record)
+    fast = kiln.save(compiled, tmp_path / "fast.pte").read_bytes()
+    partitions = [m.original_module for m in given]
+    assert len(partitions) == (2 if model == "methods" else 1)
+    assert not any(p is u for p in partitions for u in unlifted)
+    assert not any("module" in vars(p) for p in partitions)  # the stand-ins are gone
+
+    unlifted.clear()
+    monkeypatch.setattr(_delegate_meta, "shape_only_delegates", lambda modules: contextlib.nullcontext())
+    assert kiln.save(compiled, tmp_path / "slow.pte").read_bytes() == fast
+    assert unlifted  # torch's own path unlifts each partition
