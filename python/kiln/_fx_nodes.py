@@ -76,7 +76,8 @@ def tensor_type(value: Any, what: str) -> TensorType:
     if value.dtype not in TORCH_TO_KILN_DTYPE:
         raise UnsupportedNode(f"{what} has dtype {value.dtype}, which Kiln does not support")
     if not all(isinstance(dim, int) for dim in value.shape):
-        raise UnsupportedNode(f"{what} has a dynamic shape {list(value.shape)}")
+        raise UnsupportedNode(f"{what} has a dynamic shape {list(value.shape)} (Kiln compiles static shapes; "
+                             "export without dynamic_shapes to run it on the GPU)")
     shape = [int(dim) for dim in value.shape]
     return TensorType(TORCH_TO_KILN_DTYPE[value.dtype], shape)
 

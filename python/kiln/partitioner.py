@@ -445,14 +445,19 @@ class KilnPartitioner(Partitioner):
         )
 
     def _log_refusals(self, support: KilnOperatorSupport, cpu_ops: Counter) -> None:
-        if not logger.isEnabledFor(logging.DEBUG):
-            return
+        """One line per op left to the CPU with the reason Kiln did not take
+        it (the first node's; ops that failed to compile were announced as
+        they fell back)."""
         reasons: dict[str, str] = {}
         for node, reason in support.refusals.items():
-            reasons.setdefault(_fx_nodes.op_name(node.target), reason)
+            if node not in support.compile_failures:
+                reasons.setdefault(_fx_nodes.op_name(node.target), f"'{node.name}': {reason}")
+        announced = {_fx_nodes.op_name(node.target) for node in support.compile_failures}
         for name, count in sorted(cpu_ops.items()):
+            if name in announced and name not in reasons:
+                continue
             why = reasons.get(name, f"in a partition smaller than min_block_size={self.options.min_block_size}")
-            logger.debug("kiln: %s x%d on the CPU: %s", name, count, why)
+            announce(f"kiln: {name} x{count} on the CPU: {why}")
 
 
 def _announce_fallback(node: torch.fx.Node, reason: str) -> None:

@@ -42,7 +42,7 @@ def test_preprocess_of_an_unsupported_program_names_the_node():
         kiln.KilnBackend.preprocess(edge.exported_program(), specs)
 
 
-def test_preprocess_rejects_dynamic_inputs_with_the_node_name():
+def test_preprocess_rejects_dynamic_inputs_with_the_node_name(capsys):
     class M(torch.nn.Module):
         def forward(self, x):
             return torch.relu(x)
@@ -53,9 +53,14 @@ def test_preprocess_rejects_dynamic_inputs_with_the_node_name():
     with pytest.raises(kiln.CompileError, match="dynamic shape"):
         kiln.KilnBackend.preprocess(edge.exported_program(), validate_options().to_compile_specs())
     # The partitioner leaves such nodes on the CPU instead of failing.
+    capsys.readouterr()
     compiled = kiln.compile(ep)
     assert compiled.delegates == []
     assert compiled.summary.ops_on_cpu == {"aten.relu.default": 1}
+    # ... and says why, in one line per op
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if " on the CPU: " in l]
+    assert line.startswith("kiln: aten.relu.default x1 on the CPU: 'aten_relu_default': ")
+    assert "dynamic shape [s" in line and "static shapes" in line
 
 
 def test_bad_compile_spec_in_preprocess():
