@@ -5,6 +5,7 @@
 // cos and sin broadcast to x's shape; math in float, one rounding at the end.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "ir/graph.h"
@@ -25,5 +26,13 @@ struct RotaryPlan : StepPlanBase<RotaryPlan> {
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };
+
+// Kernel code defining `const float v`, the rotary of element `i` (a long
+// long index into `out_shape`, the rotary's output shape), reading x (or its
+// strided source `x_storage` through `x_map` when x_storage >= 0), cos and
+// sin through the kernel's pointers `x`, `cs` and `sn`. Shared by the rotary
+// kernel and the cache update that absorbs a rotary (state_ops.h).
+std::string rotary_value_code(const ir::Graph& g, int x, int cos, int sin, int x_storage, const AffineMap& x_map,
+                              const std::vector<int64_t>& out_shape, const std::string& indent);
 
 }  // namespace kiln::ops

@@ -8,6 +8,7 @@
 #include "ops/gather_kernel.h"
 #include "ops/layout_ops.h"
 #include "ops/op_registry.h"
+#include "ops/rotary_ops.h"
 
 namespace kiln::ops {
 namespace {
@@ -15,6 +16,7 @@ namespace {
 using Shape = std::vector<int64_t>;
 
 constexpr unsigned kScatterBlock = 256;
+constexpr const char* kIndexPut = "aten.index_put.default";
 
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
 
@@ -69,6 +71,37 @@ std::string check_index_put(const OpQuery& q) {
   return describe(q.attrs, q.inputs, q.outputs[0], &dim);
 }
 
+bool is_state_update_of(const ir::Graph& graph, int node, int values) {
+  const ir::Node& n = graph.nodes()[static_cast<size_t>(node)];
+  return n.op == kIndexPut && n.inputs.size() == 3 && n.inputs[2] == values && n.inputs[0] != values &&
+         n.inputs[1] != values;
+}
+
+StateScatterPlan plan_state_update(PlanContext& ctx, int node) {
+  const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
+  const ir::Graph& g = ctx.graph();
+  std::vector<TensorInfo> in;
+  for (int id : n.inputs) in.push_back({g.value(id).dtype, g.value(id).shape, false});
+  StateScatterPlan p;
+  std::string why = describe(n.attrs, in, {g.value(n.outputs[0]).dtype, g.value(n.outputs[0]).shape, false}, &p.dim);
+  if (!why.empty()) throw CompileError("node '" + n.name + "': " + why);
+  p.state = n.inputs[0];
+  if (!g.value(p.state).is_state)
+    throw CompileError("node '" + n.name + "': index_put into '" + g.value(p.state).name +
+                       "', which is not a mutable buffer of the program (only in-place cache updates are "
+                       "supported)");
+  // In place: nothing may read the state's old value after this step.
+  for (int user : ctx.consumers(p.state))
+    if (user != node)
+      throw CompileError("node '" + n.name + "': the old value of state '" + g.value(p.state).name +
+                         "' is read by '" + g.nodes()[static_cast<size_t>(user)].name +
+                         "' too; an in-place update cannot keep it");
+  p.index = n.inputs[1];
+  p.values = n.inputs[2];
+  p.out = n.outputs[0];
+  return p;
+}
+
 void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
   const ir::Graph& g = ctx.graph();
   const ir::Value& dst = g.value(state);
@@ -78,65 +111,61 @@ void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
   int64_t inner = 1;  // elements after `dim`
   for (size_t j = d + 1; j < rank; ++j) inner *= dst.shape[j];
   const int64_t n = idx.shape[0], size = dst.shape[d], total = val.numel();
+  const bool rotary = rotary_cos >= 0;
   const size_t elem = engine::dtype_size(dst.dtype);
-  const char* unit = elem == 8 ? "unsigned long long" : elem == 4 ? "unsigned int" : elem == 2 ? "unsigned short"
-                                                                                                 : "unsigned char";
+  // A plain update moves bits; one computing a rotary stores its float result.
+  const std::string unit = rotary ? codegen::storage_type(dst.dtype)
+                                  : elem == 8 ? "unsigned long long" : elem == 4 ? "unsigned int"
+                                  : elem == 2 ? "unsigned short" : "unsigned char";
   step.kind = engine::StepKind::kKernel;
   engine::KernelStep& k = step.kernel;
-  k.function = ctx.kernel_name("kiln_state_scatter");
-  // values' element e (as `i`): contiguous, or through its source's strides
-  const std::string vo = values_storage >= 0 ? codegen::affine_offset(values_map, val.shape) : "i";
+  k.function = ctx.kernel_name(rotary ? "kiln_rotary_state_scatter" : "kiln_state_scatter");
+  const int source = values_storage >= 0 ? values_storage : values;
   std::ostringstream s;
-  // values[o, i, r] -> state[o, index[i], r]: one thread an element of values.
+  // values[o, t, w] -> state[o, index[t], w]: one thread an element of values.
   s << "extern \"C\" __global__ void __launch_bounds__(" << kScatterBlock << ") " << k.function << "(\n"
-    << "    " << unit << "* __restrict__ state, const " << codegen::storage_type(idx.dtype) << "* __restrict__ index,\n"
-    << "    const " << unit << "* __restrict__ values) {\n"
-    << "  const long long stride = (long long)gridDim.x * " << kScatterBlock << ";\n"
+    << "    " << unit << "* __restrict__ state, const " << codegen::storage_type(idx.dtype) << "* __restrict__ index,\n";
+  if (rotary)
+    s << "    const " << codegen::storage_type(g.value(source).dtype) << "* __restrict__ x, const "
+      << codegen::storage_type(g.value(rotary_cos).dtype) << "* __restrict__ cs, const "
+      << codegen::storage_type(g.value(rotary_sin).dtype) << "* __restrict__ sn) {\n";
+  else
+    s << "    const " << unit << "* __restrict__ values) {\n";
+  s << "  const long long stride = (long long)gridDim.x * " << kScatterBlock << ";\n"
     << "  for (long long e = (long long)blockIdx.x * " << kScatterBlock << " + threadIdx.x; e < " << ll(total)
     << "; e += stride) {\n"
-    << "    const long long r = e % " << ll(inner) << ", t = (e / " << ll(inner) << ") % " << ll(n)
+    << "    const long long w = e % " << ll(inner) << ", t = (e / " << ll(inner) << ") % " << ll(n)
     << ", o = e / " << ll(inner * n) << ";\n"
     << "    long long p = (long long)index[t];\n"
     << wrap_clamp_index("p", size, "    ")
-    << "    const long long i = e;\n"
-    << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + r] = values[" << vo << "];\n"
-    << "  }\n}\n";
+    << "    const long long i = e;\n";
+  if (rotary) {
+    s << rotary_value_code(g, values, rotary_cos, rotary_sin, values_storage, values_map, val.shape, "    ")
+      << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + w] = " << codegen::store_expr(dst.dtype, "v")
+      << ";\n";
+  } else {
+    // values' element e (as `i`): contiguous, or through its source's strides
+    const std::string vo = values_storage >= 0 ? codegen::affine_offset(values_map, val.shape) : "i";
+    s << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + w] = values[" << vo << "];\n";
+  }
+  s << "  }\n}\n";
   ctx.add_source(s.str());
   k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (total + kScatterBlock - 1) / kScatterBlock), 65536));
   k.block[0] = kScatterBlock;
-  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(index), ctx.tensor_arg(values_storage >= 0 ? values_storage : values)};
+  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(index), ctx.tensor_arg(source)};
+  if (rotary) k.args.insert(k.args.end(), {ctx.tensor_arg(rotary_cos), ctx.tensor_arg(rotary_sin)});
 }
 
 KILN_REGISTER_OPS(state) {
   OpDef def;
-  def.name = "aten.index_put.default";
+  def.name = kIndexPut;
   def.role = OpRole::kStep;
   def.check = check_index_put;
   def.any_dtype = true;
   def.index_inputs = {1};
   def.plan = [](PlanContext& ctx, int node) {
-    const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
-    const ir::Graph& g = ctx.graph();
-    std::vector<TensorInfo> in;
-    for (int id : n.inputs) in.push_back({g.value(id).dtype, g.value(id).shape, false});
-    StateScatterPlan p;
-    std::string why = describe(n.attrs, in, {g.value(n.outputs[0]).dtype, g.value(n.outputs[0]).shape, false}, &p.dim);
-    if (!why.empty()) throw CompileError("node '" + n.name + "': " + why);
-    p.state = n.inputs[0];
-    if (!g.value(p.state).is_state)
-      throw CompileError("node '" + n.name + "': index_put into '" + g.value(p.state).name +
-                         "', which is not a mutable buffer of the program (only in-place cache updates are "
-                         "supported)");
-    // In place: nothing may read the state's old value after this step.
-    for (int user : ctx.consumers(p.state))
-      if (user != node)
-        throw CompileError("node '" + n.name + "': the old value of state '" + g.value(p.state).name +
-                           "' is read by '" + g.nodes()[static_cast<size_t>(user)].name +
-                           "' too; an in-place update cannot keep it");
-    p.index = n.inputs[1];
-    p.values = n.inputs[2];
+    StateScatterPlan p = plan_state_update(ctx, node);
     if (!strided_source(ctx, p.values, &p.values_storage, &p.values_map)) p.values_storage = -1;
-    p.out = n.outputs[0];
     ctx.alias(p.out, p.state);
     ctx.emit(PlannedOp("state_update", std::move(p)));
   };

@@ -31,13 +31,29 @@ struct StateScatterPlan : StepPlanBase<StateScatterPlan> {
   // strided_source: k and v as columns of one merged projection); -1: itself
   int values_storage = -1;
   AffineMap values_map;
+  // >= 0: the values are kiln.rotary(values, rotary_cos, rotary_sin)
+  // (rotary_ops.h), computed here: the rotary planned no kernel of its own.
+  int rotary_cos = -1, rotary_sin = -1;
 
-  std::vector<int> reads() const override { return {index, values_storage >= 0 ? values_storage : values}; }
+  std::vector<int> reads() const override {
+    std::vector<int> r{index, values_storage >= 0 ? values_storage : values};
+    if (rotary_cos >= 0) r.insert(r.end(), {rotary_cos, rotary_sin});
+    return r;
+  }
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };
 
 // Empty when the compiler takes the node's shapes and attributes, else why not.
 std::string check_index_put(const OpQuery& query);
+
+// True when `node` is an index_put whose values (and only those) are `values`.
+bool is_state_update_of(const ir::Graph& graph, int node, int values);
+
+// Plans index_put `node` as the in-place update of a state: state, out,
+// index, values (the node's own input, read contiguously) and dim. Throws
+// CompileError naming the node when it is not such an update (its
+// destination is not a state, or the state's old value has other readers).
+StateScatterPlan plan_state_update(PlanContext& ctx, int node);
 
 }  // namespace kiln::ops

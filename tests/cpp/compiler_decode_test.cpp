@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -19,6 +20,7 @@
 #include "ops/attention_kernel.h"
 #include "ops/gemv_kernel.h"
 #include "ops/rotary_ops.h"
+#include "ops/state_ops.h"
 #include "passes/passes.h"
 
 #ifndef KILN_BLOCK_SHIM_HEADER
@@ -319,6 +321,143 @@ TEST(DecodeOps, ElementwiseKernelReadsBothHalvesOfAMergedProjection) {
     const double want = a / (1.0 + std::exp(-a)) * b;
     ASSERT_NEAR(read_elem(dt, ob, static_cast<size_t>(i)), want, 1e-5 * (1.0 + std::fabs(want))) << "element " << i;
   }
+}
+
+// ---- KV-cache update (index_put into a state), alone and with a rotary ----------
+
+// cache[:, :, pos] = values on a [1, heads, slots, hd] state. With `rope`,
+// values = rotary(x) (HF rotate_half; x a column slice of a merged
+// projection read through strides when `merged`), which the update must
+// compute itself: one kernel. `extra_reader` gives the rotary's result a
+// second reader (then the rotary keeps its own kernel).
+struct CacheCase {
+  DType dt;
+  int64_t heads, slots, hd, tokens;
+  bool rope, merged, extra_reader;
+};
+
+void check_cache_update(const CacheCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + (c.rope ? " rope" : "") + (c.merged ? " merged" : "") +
+               (c.extra_reader ? " extra_reader" : ""));
+  const Shape cache_shape{1, c.heads, c.slots, c.hd}, xs{1, c.heads, c.tokens, c.hd};
+  const int64_t width = 3 * c.heads * c.hd, start = c.heads * c.hd;  // the k columns of q|k|v
+  ir::Graph g;
+  const int state = g.add_state("k_cache", c.dt, cache_shape, "kiln/test/state/k_cache");
+  const int pos = g.add_input("pos", DType::kInt64, {c.tokens});
+  int x = -1, merged = -1;
+  if (c.merged) {
+    merged = g.add_input("qkv", c.dt, {1, c.tokens, width});
+    const int k = slice_last(g, merged, start, start + c.heads * c.hd);
+    const int v4 = out0(g, g.add_node("aten.view_copy.default", "view", {k}, {{"size", Shape{1, c.tokens, c.heads, c.hd}}},
+                                      {{c.dt, {1, c.tokens, c.heads, c.hd}}}));
+    x = out0(g, g.add_node("aten.permute_copy.default", "perm", {v4}, {{"dims", Shape{0, 2, 1, 3}}}, {{c.dt, xs}}));
+  } else {
+    x = g.add_input("x", c.dt, xs);
+  }
+  const int cos = g.add_input("cos", c.dt, {1, 1, c.tokens, c.hd}), sin = g.add_input("sin", c.dt, {1, 1, c.tokens, c.hd});
+  int values = x, extra = -1;
+  if (c.rope) {
+    const int64_t h = c.hd / 2;
+    const int x2 = slice_last(g, x, h, c.hd), x1 = slice_last(g, x, 0, h);
+    const int neg = out0(g, g.add_node("aten.neg.default", "neg", {x2}, {}, {{c.dt, g.value(x2).shape}}));
+    const int cat = out0(g, g.add_node("aten.cat.default", "cat", {neg, x1}, {{"dim", int64_t{-1}}}, {{c.dt, xs}}));
+    const int m1 = out0(g, g.add_node("aten.mul.Tensor", "mul_cos", {x, cos}, {}, {{c.dt, xs}}));
+    const int m2 = out0(g, g.add_node("aten.mul.Tensor", "mul_sin", {sin, cat}, {}, {{c.dt, xs}}));
+    values = out0(g, g.add_node("aten.add.Tensor", "add", {m2, m1}, {}, {{c.dt, xs}}));
+    if (c.extra_reader) extra = out0(g, g.add_node("aten.relu.default", "relu", {values}, {}, {{c.dt, xs}}));
+  }
+  const int node = g.add_node("aten.index_put.default", "update", {state, pos, values},
+                              {{"indices_count", int64_t{1}}, {"indices_positions", Shape{2}}, {"accumulate", false}},
+                              {{c.dt, cache_shape}});
+  g.set_state_update(state, out0(g, node));
+  g.set_outputs(extra >= 0 ? std::vector<int>{extra} : std::vector<int>{});
+  if (c.rope) ASSERT_EQ(passes::fuse_rotary(g), 1);
+  passes::ExecPlan plan = passes::fuse(g);
+  const ops::StateScatterPlan* update = nullptr;
+  int update_index = -1;
+  for (size_t i = 0; i < plan.ops.size(); ++i)
+    if (plan.ops[i].as<ops::StateScatterPlan>() != nullptr) {
+      update = plan.ops[i].as<ops::StateScatterPlan>();
+      update_index = static_cast<int>(i);
+    }
+  ASSERT_NE(update, nullptr);
+  const bool fused = c.rope && !c.extra_reader;
+  EXPECT_EQ(update->rotary_cos >= 0, fused);
+  if (fused || !c.rope) {
+    ASSERT_EQ(plan.ops.size(), 1u) << "one kernel: the update computes the rotary and reads x in place";
+    EXPECT_EQ(plan.ops[0].label, fused ? "rotary_state_update" : "state_update");
+  } else {
+    EXPECT_EQ(plan.ops.size(), 3u) << "rotary, relu, update";  // the rotary has a second reader
+  }
+  if (c.merged && fused) EXPECT_EQ(update->values_storage, merged);
+  TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[static_cast<size_t>(update_index)].plan->lower(ctx, step);
+
+  // Inputs: a cache already holding data, distinct positions (one wraps
+  // from negative, as PyTorch indexes), x, cos, sin.
+  const size_t es = engine::dtype_size(c.dt);
+  const int64_t cache_n = ir::numel_of(cache_shape), xn = ir::numel_of(xs), tn = c.tokens * c.hd;
+  std::vector<uint8_t> cache = random_bytes(c.dt, cache_n, rng), before = cache;
+  std::vector<int64_t> slots(static_cast<size_t>(c.slots));
+  for (int64_t i = 0; i < c.slots; ++i) slots[static_cast<size_t>(i)] = i;
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<int64_t> positions(slots.begin(), slots.begin() + c.tokens);
+  positions[0] -= c.slots;  // -k is slot slots-k
+  std::vector<uint8_t> src = random_bytes(c.dt, c.merged ? c.tokens * width : xn, rng);
+  std::vector<uint8_t> cb = random_bytes(c.dt, tn, rng), sb = random_bytes(c.dt, tn, rng);
+  // Values through the source's layout: x[0, hh, t, j]
+  auto xval = [&](int64_t hh, int64_t t, int64_t j) {
+    const int64_t off = c.merged ? t * width + start + hh * c.hd + j : (hh * c.tokens + t) * c.hd + j;
+    return read_elem(c.dt, src, static_cast<size_t>(off));
+  };
+  // The values (rotary or update-only), when the update lowered alone reads
+  // the rotary's output: computed here and passed as its input.
+  std::vector<uint8_t> vb(static_cast<size_t>(xn) * es);
+  for (int64_t hh = 0; hh < c.heads; ++hh)
+    for (int64_t t = 0; t < c.tokens; ++t)
+      for (int64_t j = 0; j < c.hd; ++j) {
+        double v = xval(hh, t, j);
+        if (c.rope) {
+          const int64_t h = c.hd / 2;
+          const double r = j < h ? -xval(hh, t, j + h) : xval(hh, t, j - h);
+          v = v * read_elem(c.dt, cb, static_cast<size_t>(t * c.hd + j)) + r * read_elem(c.dt, sb, static_cast<size_t>(t * c.hd + j));
+        }
+        write_elem(c.dt, vb, static_cast<size_t>((hh * c.tokens + t) * c.hd + j), static_cast<float>(round_to(c.dt, v)));
+      }
+  void* p[] = {cache.data(), positions.data(), (fused || !c.rope) ? src.data() : vb.data(), cb.data(), sb.data()};
+  void* args[] = {&p[0], &p[1], &p[2], &p[3], &p[4]};
+  ASSERT_EQ(step.kernel.args.size(), fused ? 5u : 3u);
+  testing::run_host_kernel(ctx.source(), step.kernel.function, fused ? "rotary_cache" : "cache", args,
+                           step.kernel.grid[0], step.kernel.block[0], KILN_SHIM_HEADER);
+  const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+  std::vector<int64_t> token_of(static_cast<size_t>(c.slots), -1);
+  for (int64_t t = 0; t < c.tokens; ++t)
+    token_of[static_cast<size_t>((positions[static_cast<size_t>(t)] + c.slots) % c.slots)] = t;
+  for (int64_t hh = 0; hh < c.heads; ++hh)
+    for (int64_t slot = 0; slot < c.slots; ++slot)
+      for (int64_t j = 0; j < c.hd; ++j) {
+        const size_t at = static_cast<size_t>((hh * c.slots + slot) * c.hd + j);
+        const int64_t t = token_of[static_cast<size_t>(slot)];
+        const double want = t < 0 ? read_elem(c.dt, before, at)
+                                  : read_elem(c.dt, vb, static_cast<size_t>((hh * c.tokens + t) * c.hd + j));
+        ASSERT_NEAR(read_elem(c.dt, cache, at), want, tol * (1.0 + std::fabs(want)))
+            << "head " << hh << " slot " << slot << " element " << j << (t < 0 ? " (not written)" : "");
+      }
+}
+
+TEST(DecodeOps, CacheUpdateWritesOnlyTheIndexedSlots) {
+  std::mt19937 rng(std::random_device{}());
+  check_cache_update({DType::kFloat32, 2, 16, 8, 3, false, false, false}, rng);
+  check_cache_update({DType::kFloat16, 4, 32, 16, 1, false, true, false}, rng);
+}
+
+TEST(DecodeOps, CacheUpdateComputesTheRotaryItStores) {
+  std::mt19937 rng(std::random_device{}());
+  check_cache_update({DType::kFloat32, 2, 16, 8, 3, true, false, false}, rng);
+  check_cache_update({DType::kFloat16, 4, 32, 16, 1, true, true, false}, rng);  // decode: k of a merged qkv
+  check_cache_update({DType::kBFloat16, 2, 24, 32, 5, true, true, false}, rng);
+  check_cache_update({DType::kFloat32, 2, 16, 8, 2, true, false, true}, rng);  // a second reader: not fused
 }
 
 }  // namespace
