@@ -248,8 +248,10 @@ unsigned thread_count(size_t tasks) {
   return static_cast<unsigned>(std::min<size_t>(n, tasks));
 }
 
-struct SmTask {
-  uint32_t sm = 0;
+// One unit of parallel work: a module's PTX, or one SM's cubin of it.
+struct Task {
+  std::string what;  // for progress lines: "kiln_kernels cubin for sm_90"
+  std::function<ArtifactPtr()> run;
   ArtifactPtr result;
   std::exception_ptr error;
   double seconds = 0;
@@ -263,12 +265,11 @@ std::string seconds_text(double s) {
   return buffer;
 }
 
-// Runs the per-SM assembly (`build_sm`) on worker threads; the calling thread reports
-// progress (a line per SM once the compile has run a few seconds, and a
-// line every kHeartbeat while it runs) and rethrows the first error, in SM
-// order, once every thread is joined.
-void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t)>& build_sm,
-               std::vector<SmTask>& tasks, const std::function<void(const std::string&)>& progress) {
+// Runs `tasks` on worker threads; the calling thread reports progress (a line
+// per task once the batch has run a few seconds, and a line every kHeartbeat
+// while it runs) and rethrows the first error, in task order, once every
+// thread is joined. Only the calling thread calls `progress`.
+void run_tasks(std::vector<Task>& tasks, const std::function<void(const std::string&)>& progress) {
   constexpr auto kQuiet = std::chrono::seconds(3);      // shorter compiles say nothing more
   constexpr auto kHeartbeat = std::chrono::seconds(10);
   const auto start = Clock::now();
@@ -283,12 +284,12 @@ void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t
         if (next == tasks.size()) return;
         index = next++;
       }
-      SmTask& task = tasks[index];
+      Task& task = tasks[index];
       const auto t0 = Clock::now();
       ArtifactPtr result;
       std::exception_ptr error;
       try {
-        result = build_sm(task.sm);
+        result = task.run();
       } catch (...) {
         error = std::current_exception();
       }
@@ -307,19 +308,21 @@ void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t
   std::unique_lock<std::mutex> lock(mutex);
   auto last_line = start;
   for (;;) {
-    const bool all_done = std::all_of(tasks.begin(), tasks.end(), [](const SmTask& t) { return t.done; });
+    const bool all_done = std::all_of(tasks.begin(), tasks.end(), [](const Task& t) { return t.done; });
     std::vector<std::string> lines;
     const auto now = Clock::now();
-    for (SmTask& t : tasks) {
+    for (Task& t : tasks) {
       if (t.done && !t.reported && !t.error && now - start >= kQuiet)
-        lines.push_back("NVRTC: " + name + " cubin for sm_" + std::to_string(t.sm) + " done in " + seconds_text(t.seconds));
+        lines.push_back("NVRTC: " + t.what + " done in " + seconds_text(t.seconds));
       if (t.done) t.reported = true;
     }
     if (lines.empty() && !all_done && now - last_line >= kHeartbeat) {
-      std::string waiting;
-      for (const SmTask& t : tasks)
-        if (!t.done) waiting += " sm_" + std::to_string(t.sm);
-      lines.push_back("NVRTC: still compiling " + name + " for" + waiting + " (" +
+      size_t waiting = 0;
+      std::string first;
+      for (const Task& t : tasks)
+        if (!t.done && waiting++ == 0) first = t.what;
+      lines.push_back("NVRTC: still compiling " + first +
+                      (waiting > 1 ? " and " + std::to_string(waiting - 1) + " more" : std::string()) + " (" +
                       seconds_text(std::chrono::duration<double>(now - start).count()) + ")");
     }
     if (!lines.empty()) {
@@ -340,53 +343,71 @@ void run_tasks(const std::string& name, const std::function<ArtifactPtr(uint32_t
   lock.unlock();
   for (std::thread& t : threads) t.join();
   if (progress_error) std::rethrow_exception(progress_error);
-  for (const SmTask& t : tasks)
+  for (const Task& t : tasks)
     if (t.error) std::rethrow_exception(t.error);
 }
 
 }  // namespace
 
-engine::KernelModule compile_module(const std::string& name, const std::string& source,
-                                    const std::vector<uint32_t>& target_sms, bool emit_ptx,
-                                    const std::function<void(const std::string&)>& progress, bool grid_dependency) {
+std::vector<engine::KernelModule> compile_modules(const std::vector<ModuleSource>& sources,
+                                                  const std::vector<uint32_t>& target_sms, bool emit_ptx,
+                                                  const std::function<void(const std::string&)>& progress,
+                                                  bool grid_dependency) {
   if (target_sms.empty()) throw CompileError("no target SMs given");
   const auto start = Clock::now();
   struct AddSeconds {
     Clock::time_point start;
     ~AddSeconds() { cache().add_seconds(std::chrono::duration<double>(Clock::now() - start).count()); }
   } add_seconds{start};
-  engine::KernelModule module;
-  module.name = name;
-  module.source = source;
-  // One NVRTC front-end compile, for the oldest SM: its PTX runs on every
-  // target (the planner chose kernels for that SM: OpOptions::min_target_sm).
+  // One NVRTC front-end compile per module, for the oldest SM: its PTX runs
+  // on every target (the planner chose kernels for that SM:
+  // OpOptions::min_target_sm). The modules compile in parallel, then every
+  // (module, SM) cubin does.
   const uint32_t oldest = *std::min_element(target_sms.begin(), target_sms.end());
-  const auto t0 = Clock::now();
-  ArtifactPtr ptx = compile_ptx(name, source, oldest);
-  const double ptx_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (progress && ptx_seconds >= 3.0)
-    progress("NVRTC: " + name + " to PTX compute_" + std::to_string(oldest) + " in " + seconds_text(ptx_seconds));
-  std::vector<SmTask> tasks;
-  for (uint32_t sm : target_sms) {
-    SmTask task;
-    task.sm = sm;
-    tasks.push_back(task);
+  std::vector<Task> ptx_tasks;
+  for (const ModuleSource& m : sources) {
+    Task t;
+    t.what = m.name + " to PTX compute_" + std::to_string(oldest);
+    t.run = [&m, oldest] { return compile_ptx(m.name, m.source, oldest); };
+    ptx_tasks.push_back(std::move(t));
   }
-  run_tasks(
-      name, [&](uint32_t sm) { 
-        return assemble(name, source, ptx->ptx, oldest, sm, grid_dependency && sm >= kGridDependencyMinSm);
-      }, tasks, progress);
-  for (const SmTask& task : tasks) {
-    engine::CubinImage image;
-    image.sm = task.sm;
-    image.image = task.result->cubin;
-    module.cubins.push_back(std::move(image));
+  run_tasks(ptx_tasks, progress);
+  std::vector<Task> sm_tasks;
+  for (size_t i = 0; i < sources.size(); ++i)
+    for (uint32_t sm : target_sms) {
+      Task t;
+      t.what = sources[i].name + " cubin for sm_" + std::to_string(sm);
+      const ModuleSource& m = sources[i];
+      const std::string& ptx = ptx_tasks[i].result->ptx;
+      t.run = [&m, &ptx, oldest, sm, grid_dependency] {
+        return assemble(m.name, m.source, ptx, oldest, sm, grid_dependency && sm >= kGridDependencyMinSm);
+      };
+      sm_tasks.push_back(std::move(t));
+    }
+  run_tasks(sm_tasks, progress);
+  std::vector<engine::KernelModule> modules(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    engine::KernelModule& module = modules[i];
+    module.name = sources[i].name;
+    module.source = sources[i].source;
+    for (size_t j = 0; j < target_sms.size(); ++j) {
+      engine::CubinImage image;
+      image.sm = target_sms[j];
+      image.image = sm_tasks[i * target_sms.size() + j].result->cubin;
+      module.cubins.push_back(std::move(image));
+    }
+    if (emit_ptx) {
+      module.ptx = ptx_tasks[i].result->ptx;
+      module.ptx_sm = oldest;
+    }
   }
-  if (emit_ptx) {
-    module.ptx = ptx->ptx;
-    module.ptx_sm = oldest;
-  }
-  return module;
+  return modules;
+}
+
+engine::KernelModule compile_module(const std::string& name, const std::string& source,
+                                    const std::vector<uint32_t>& target_sms, bool emit_ptx,
+                                    const std::function<void(const std::string&)>& progress, bool grid_dependency) {
+  return std::move(compile_modules({ModuleSource{name, source}}, target_sms, emit_ptx, progress, grid_dependency).at(0));
 }
 
 std::string nvrtc_version() {

@@ -38,6 +38,20 @@ engine::KernelModule compile_module(const std::string& name, const std::string& 
                                     const std::function<void(const std::string&)>& progress = {},
                                     bool grid_dependency = false);
 
+// compile_module for several modules at once: their NVRTC compiles run in
+// parallel, then all their cubins (the same threads: KILN_NVRTC_THREADS,
+// else one per core). An engine's kernels split over a few modules so that
+// a 2-core machine compiles them in about half the time (split_modules in
+// compiler/compiler.cpp).
+struct ModuleSource {
+  std::string name;
+  std::string source;
+};
+std::vector<engine::KernelModule> compile_modules(const std::vector<ModuleSource>& sources,
+                                                  const std::vector<uint32_t>& target_sms, bool emit_ptx,
+                                                  const std::function<void(const std::string&)>& progress = {},
+                                                  bool grid_dependency = false);
+
 // NVRTC's version as "major.minor", for engine metadata.
 std::string nvrtc_version();
 

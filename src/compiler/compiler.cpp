@@ -75,11 +75,20 @@ class Lowering final : public ops::LowerContext {
         if (options.emit_ptx) msg << " + PTX";
         options.progress(msg.str());
       }
-      // The SMs compile in parallel; a module compiled before in this process
-      // (a re-proposed trial, a re-lowering) comes from NVRTC's cache.
-      desc_.modules.push_back(
-          codegen::compile_module("kiln_kernels", source_, cubin_sms(options), options.emit_ptx, options.progress,
-                                  options.overlap_launches));
+      // The modules and then their SMs compile in parallel; a module
+      // compiled before in this process (a re-proposed trial, a re-lowering)
+      // comes from NVRTC's cache.
+      std::vector<codegen::ModuleSource> modules = split_modules();
+      desc_.modules = codegen::compile_modules(modules, cubin_sms(options), options.emit_ptx, options.progress,
+                                               options.overlap_launches);
+      for (engine::Step& step : desc_.steps)
+        if (step.kind == engine::StepKind::kKernel) {
+          auto it = module_of_.find(step.kernel.function);
+          if (it == module_of_.end())
+            throw CompileError("internal: step '" + step.label + "' launches '" + step.kernel.function +
+                               "', which no generated source defines");
+          step.kernel.module = it->second;
+        }
     }
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
@@ -120,6 +129,10 @@ class Lowering final : public ops::LowerContext {
     }
     ++distinct_;
     source_ += "\n" + source;
+    if (name.empty())
+      shared_ += "\n" + source;  // no kernel of its own: every module gets it
+    else
+      units_.push_back({name, source});
   }
 
  private:
@@ -207,6 +220,31 @@ class Lowering final : public ops::LowerContext {
     }
   }
 
+  // The kernels as modules: one ("kiln_kernels") up to kKernelsPerModule
+  // distinct kernels, else up to kMaxModules ("kiln_kernels_0", ...) of about
+  // equal source size, each with the prelude, so NVRTC and ptxas run on
+  // several cores (densenet201: 320 distinct kernels). The split depends on
+  // the kernels only, never on the machine: the same graph gives the same
+  // engine everywhere.
+  std::vector<codegen::ModuleSource> split_modules() {
+    constexpr size_t kKernelsPerModule = 64, kMaxModules = 4;
+    const size_t count = std::min(kMaxModules, std::max<size_t>(1, units_.size() / kKernelsPerModule));
+    std::vector<codegen::ModuleSource> modules(count);
+    std::vector<size_t> bytes(count, 0);
+    const std::string prelude = ops::pointwise_prelude() + shared_;
+    for (size_t i = 0; i < count; ++i) {
+      modules[i].name = count == 1 ? "kiln_kernels" : "kiln_kernels_" + std::to_string(i);
+      modules[i].source = prelude;
+    }
+    for (const auto& [name, source] : units_) {
+      const size_t m = static_cast<size_t>(std::min_element(bytes.begin(), bytes.end()) - bytes.begin());
+      bytes[m] += source.size();
+      modules[m].source += "\n" + source;
+      module_of_[name] = static_cast<uint32_t>(m);
+    }
+    return modules;
+  }
+
   const ir::Graph& graph_;
   const passes::ExecPlan& plan_;
   engine::EngineDesc desc_;
@@ -229,7 +267,10 @@ class Lowering final : public ops::LowerContext {
     return out;
   }
 
-  std::string source_;             // the engine's one generated module
+  std::string source_;             // every generated kernel, in order (debug_dir's dump)
+  std::vector<std::pair<std::string, std::string>> units_;  // each distinct kernel: function, source
+  std::string shared_;             // sources that define no kernel (helpers)
+  std::map<std::string, uint32_t> module_of_;  // function -> its module (split_modules)
   int kernels_ = 0;                // kernel names handed out
   int distinct_ = 0;               // kernels in source_
   std::string pending_;            // the name kernel_name() gave last, until its source comes

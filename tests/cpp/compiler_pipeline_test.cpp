@@ -162,6 +162,60 @@ TEST_F(CompilerPipeline, SerializedEngineParsesBack) {
   EXPECT_EQ(*parsed.value().find_metadata("use_cuda_graphs"), "true");
 }
 
+// An engine with many distinct kernels compiles them as a few modules of
+// about equal size (in parallel); each kernel step names the module that
+// defines its function, the split depends on the kernels only (the same
+// engine twice), and the engine validates and parses back.
+TEST_F(CompilerPipeline, ManyKernelsSplitIntoModulesThatEachDefineTheirSteps) {
+  auto graph = [](int outputs) {
+    ir::Graph g;
+    const int x = g.add_input("x", DType::kFloat32, {4, 32});
+    std::vector<int> outs;
+    for (int i = 0; i < outputs; ++i) {  // a different constant each: distinct kernels
+      const int n = g.add_node("aten.mul.Scalar", "scale" + std::to_string(i), {x}, {{"other", 0.25 + i}},
+                               {{DType::kFloat32, {4, 32}}});
+      outs.push_back(g.nodes()[static_cast<size_t>(n)].outputs[0]);
+    }
+    g.set_outputs(outs);
+    return g;
+  };
+  compiler::CompileOptions options;
+  options.target_sms = {90};
+  engine::EngineDesc few = compiler::compile_to_desc(graph(20), options);
+  ASSERT_EQ(few.modules.size(), 1u);
+  EXPECT_EQ(few.modules[0].name, "kiln_kernels");
+
+  engine::EngineDesc d = compiler::compile_to_desc(graph(200), options);
+  ASSERT_EQ(d.modules.size(), 3u) << "200 distinct kernels: 64 or more a module";
+  std::vector<size_t> steps_in(d.modules.size(), 0);
+  for (const engine::Step& s : d.steps) {
+    ASSERT_EQ(s.kind, engine::StepKind::kKernel);
+    ASSERT_LT(s.kernel.module, d.modules.size());
+    const engine::KernelModule& m = d.modules[s.kernel.module];
+    EXPECT_NE(m.source.find(s.kernel.function + "("), std::string::npos) << s.kernel.function << " in " << m.name;
+    EXPECT_NE(m.ptx.find(".entry " + s.kernel.function), std::string::npos);
+    ++steps_in[s.kernel.module];
+    for (size_t other = 0; other < d.modules.size(); ++other)
+      if (other != s.kernel.module)
+        EXPECT_EQ(d.modules[other].source.find(s.kernel.function + "("), std::string::npos)
+            << s.kernel.function << " is defined twice";
+  }
+  for (size_t i = 0; i < d.modules.size(); ++i) {
+    EXPECT_EQ(d.modules[i].name, "kiln_kernels_" + std::to_string(i));
+    EXPECT_GE(steps_in[i], 60u) << "modules of about equal size";
+    ASSERT_EQ(d.modules[i].cubins.size(), 1u);
+    EXPECT_EQ(d.modules[i].cubins[0].sm, 90u);
+  }
+  Result<std::vector<uint8_t>> bytes = engine::serialize_engine(d);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  Result<engine::EngineDesc> parsed = engine::parse_engine(bytes.value().data(), bytes.value().size());
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed.value().modules.size(), 3u);
+  Result<std::vector<uint8_t>> again = engine::serialize_engine(compiler::compile_to_desc(graph(200), options));
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again.value(), bytes.value()) << "the split must not depend on the machine or the run";
+}
+
 TEST_F(CompilerPipeline, PermuteOfAnActivationIsReadThroughStridesByTheElementwiseKernel) {
   ir::Graph g;
   int x = g.add_input("x", DType::kFloat32, {2, 3, 5});
