@@ -52,7 +52,17 @@ int transposed_constant(ir::Graph& graph, int id) {
 
 // linear / addmm / mm / bmm -> one GEMM step; a ReLU that is the product's
 // only consumer becomes its epilogue.
-void plan_gemm(PlanContext& ctx, int node_index) {
+// A GEMM node's plan before it is committed: the plan, its label, the later
+// nodes it computes too (a ReLU, a residual add and the reshapes between)
+// and the node whose place it takes (-1: its own).
+struct GemmDraft {
+  GemmPlan plan;
+  std::string label;
+  std::vector<int> absorbed;
+  int emit_at = -1;
+};
+
+GemmDraft draft_gemm(PlanContext& ctx, int node_index) {
   ir::Graph& graph = ctx.graph();
   const ir::Node node = graph.nodes()[static_cast<size_t>(node_index)];  // copy: the graph may grow
   const int out = node.outputs.at(0);
@@ -130,7 +140,8 @@ void plan_gemm(PlanContext& ctx, int node_index) {
                          engine::dtype_name(graph.value(v).dtype) + ", result is " +
                          engine::dtype_name(graph.value(out).dtype));
   g.out = out;
-  std::string label = short_name(node.op);
+  GemmDraft draft;
+  draft.label = short_name(node.op);
   const int next = ctx.sole_consumer(out);
   if (next >= 0 && g.c < 0) {
     const ir::Node& relu = graph.nodes()[static_cast<size_t>(next)];
@@ -138,8 +149,8 @@ void plan_gemm(PlanContext& ctx, int node_index) {
       g.epilogue = g.epilogue == engine::GemmEpilogue::kBias ? engine::GemmEpilogue::kReluBias
                                                              : engine::GemmEpilogue::kRelu;
       g.out = relu.outputs[0];
-      ctx.absorb(next);
-      label += "+relu";
+      draft.absorbed.push_back(next);
+      draft.label += "+relu";
     }
   }
   // A residual add after the product (a transformer block's `x + proj(h)`)
@@ -165,19 +176,50 @@ void plan_gemm(PlanContext& ctx, int node_index) {
         g.c = other;
         g.beta = 1.0f;
         g.out = add.outputs[0];
-        for (int b : between) ctx.absorb(b);
-        ctx.absorb(sum_node);
-        g.gemv = ctx.options().gemv_kernels && gemv_applies(g, graph.value(out).dtype);
-        ctx.emit_at(sum_node, PlannedOp(label + "+add", std::move(g)));
-        return;
+        draft.absorbed.insert(draft.absorbed.end(), between.begin(), between.end());
+        draft.absorbed.push_back(sum_node);
+        draft.emit_at = sum_node;
+        draft.label += "+add";
       }
     }
   }
   g.gemv = ctx.options().gemv_kernels && gemv_applies(g, graph.value(out).dtype);
-  ctx.emit(PlannedOp(label, std::move(g)));
+  draft.plan = std::move(g);
+  return draft;
 }
 
+void commit(PlanContext& ctx, GemmDraft draft) {
+  for (int n : draft.absorbed) ctx.absorb(n);
+  if (draft.emit_at >= 0)
+    ctx.emit_at(draft.emit_at, PlannedOp(draft.label, std::move(draft.plan)));
+  else
+    ctx.emit(PlannedOp(draft.label, std::move(draft.plan)));
+}
+
+void plan_gemm(PlanContext& ctx, int node_index) { commit(ctx, draft_gemm(ctx, node_index)); }
+
 }  // namespace
+
+bool plan_gemm_after_rms_norm(PlanContext& ctx, int gemm_node, const NormPlan& norm) {
+  const ir::Graph& graph = ctx.graph();
+  const ir::Node& node = graph.nodes()[static_cast<size_t>(gemm_node)];
+  if (node.op != "aten.linear.default" || node.inputs.empty() || node.inputs[0] != norm.out) return false;
+  const ir::Value& x = graph.value(norm.input);
+  const ir::Value& y = graph.value(norm.out);
+  if (x.dtype != y.dtype || x.shape != y.shape || norm.row_size() != x.shape.back()) return false;
+  GemmDraft draft = draft_gemm(ctx, gemm_node);
+  GemmPlan& g = draft.plan;
+  if (!g.gemv || g.a != norm.out || g.k != norm.row_size() || g.m != norm.rows()) return false;
+  g.a = norm.input;
+  g.norm_weight = norm.weight;
+  g.norm_eps = norm.eps;
+  g.rms_norm = true;
+  draft.label = "rms_norm+" + draft.label;
+  draft.absorbed.push_back(gemm_node);
+  if (draft.emit_at < 0) draft.emit_at = gemm_node;
+  commit(ctx, std::move(draft));
+  return true;
+}
 
 bool is_gemm_op(const std::string& op) {
   return op == "aten.linear.default" || op == "aten.addmm.default" || op == "aten.mm.default" || op == "aten.bmm.default";
@@ -185,6 +227,7 @@ bool is_gemm_op(const std::string& op) {
 
 std::vector<int> GemmPlan::reads() const {
   std::vector<int> r = {a, b};
+  if (norm_weight >= 0) r.push_back(norm_weight);
   if (bias >= 0) r.push_back(bias);
   if (c >= 0) r.push_back(c);
   return r;
@@ -211,14 +254,19 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
     step.kind = engine::StepKind::kKernel;
     engine::KernelStep& ks = step.kernel;
     ks.function = ctx.kernel_name("kiln_gemv");
-    const GemvKernel gen = generate_gemv_kernel(*this, dtype, ks.function);
+    const GemvKernel gen = generate_gemv_kernel(*this, dtype, ks.function,
+                                                norm_weight >= 0 ? graph.value(norm_weight).dtype : dtype);
     ctx.add_source(gen.source);
     ks.grid[0] = gen.grid;
     ks.block[0] = gen.block;
     ks.args = {ctx.tensor_arg(out), ctx.tensor_arg(a), ctx.tensor_arg(b)};
     if (bias >= 0) ks.args.push_back(ctx.tensor_arg(bias));
     if (c >= 0) ks.args.push_back(ctx.tensor_arg(c));
+    if (norm_weight >= 0) ks.args.push_back(ctx.tensor_arg(norm_weight));
     return;
+  }
+  if (rms_norm) {
+    throw CompileError("internal: an RMSNorm prologue was planned on a product that is not a matrix-vector kernel");
   }
   step.kind = engine::StepKind::kGemm;
   engine::GemmStep& s = step.gemm;

@@ -1,6 +1,7 @@
 #include "ops/gemv_kernel.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
@@ -30,7 +31,8 @@ bool gemv_applies(const GemmPlan& p, engine::DType dtype) {
   return p.k % vec == 0 && p.k / vec >= 16 && p.n <= 0x7fffffffLL * kGemvWarps;
 }
 
-GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const std::string& name) {
+GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const std::string& name,
+                                engine::DType norm_weight_dtype) {
   const int64_t vec = 16 / static_cast<int64_t>(engine::dtype_size(dtype));
   const int64_t vecs = p.k / vec;  // 16-byte vectors in one weight row
   // Loads a lane issues before using any: a row's whole chunk when it is
@@ -44,14 +46,44 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "    " << T << "* __restrict__ out, const " << T << "* __restrict__ x, const " << T << "* __restrict__ w";
   if (has_bias) s << ", const " << T << "* __restrict__ bias";
   if (has_c) s << ", const " << T << "* __restrict__ c";
+  const bool norm = p.rms_norm, norm_weight = p.rms_norm && p.norm_weight >= 0;
+  if (norm_weight) s << ", const " << codegen::storage_type(norm_weight_dtype) << "* __restrict__ nw";
   s << ") {\n"
     << "  constexpr int kM = " << p.m << ", kG = " << group << ", kV = " << vec << ";\n"
     << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs) << ";\n"
     << "  const int lane = threadIdx.x & 31;\n"
     << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n"
     << "  if (col >= kN) return;\n"
-    << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
-    << "  float acc[kM];\n"
+    << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n";
+  if (norm) {
+    // RMSNorm prologue: each warp computes its rows' rsqrt(mean(x^2) + eps)
+    // (a row is a few KiB, read from cache by every warp); the products then
+    // take x * weight and the sum is scaled once by the row's factor.
+    char eps[32];
+    std::snprintf(eps, sizeof(eps), "%.9e", p.norm_eps);  // always a float literal
+    s << "  float rs[kM];\n"
+      << "  #pragma unroll\n"
+      << "  for (int m = 0; m < kM; ++m) rs[m] = 0.0f;\n"
+      << "  for (long long v = lane; v < kVecs; v += 32) {\n"
+      << "    #pragma unroll\n"
+      << "    for (int m = 0; m < kM; ++m) {\n"
+      << "      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * kK) + v);\n"
+      << "      const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
+      << "      #pragma unroll\n"
+      << "      for (int e = 0; e < kV; ++e) {\n"
+      << "        const float t = " << codegen::load_expr(dtype, "xe[e]") << ";\n"
+      << "        rs[m] = fmaf(t, t, rs[m]);\n"
+      << "      }\n"
+      << "    }\n"
+      << "  }\n"
+      << "  #pragma unroll\n"
+      << "  for (int m = 0; m < kM; ++m) {\n"
+      << "    float a = rs[m];\n"
+      << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"
+      << "    rs[m] = rsqrtf(a / (float)kK + " << eps << "f);\n"
+      << "  }\n";
+  }
+  s << "  float acc[kM];\n"
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
     << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n"
@@ -72,7 +104,9 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "        const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
     << "        #pragma unroll\n"
     << "        for (int e = 0; e < kV; ++e) acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", "
-    << codegen::load_expr(dtype, "xe[e]") << ", acc[m]);\n"
+    << (norm_weight ? codegen::load_expr(dtype, "xe[e]") + " * " + codegen::load_expr(norm_weight_dtype, "nw[v * kV + e]")
+                    : codegen::load_expr(dtype, "xe[e]"))
+    << ", acc[m]);\n"
     << "      }\n"
     << "    }\n"
     << "  }\n"
@@ -85,7 +119,7 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "  if (lane != 0) return;\n"
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) {\n"
-    << "    float r = acc[m];\n";
+    << "    float r = acc[m]" << (norm ? " * rs[m]" : "") << ";\n";
   if (has_bias) s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
   if (has_c) s << "    r += " << codegen::load_expr(dtype, "c[m * kN + col]") << ";\n";
   if (relu_of(p.epilogue)) s << "    r = kiln_relu(r);\n";

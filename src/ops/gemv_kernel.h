@@ -33,7 +33,10 @@ struct GemvKernel {
 };
 
 // The kernel `name`: out[m, n] = act(x[m, :] . w[n, :] + bias[n] + c[m, n]);
-// parameters (out, x, w[, bias][, c]) in that order.
-GemvKernel generate_gemv_kernel(const GemmPlan& plan, engine::DType dtype, const std::string& name);
+// parameters (out, x, w[, bias][, c][, nw]) in that order. With
+// plan.rms_norm, x[m, :] is first normalized: x * rsqrt(mean(x^2) + eps),
+// times nw (of `norm_weight_dtype`) when plan.norm_weight is set.
+GemvKernel generate_gemv_kernel(const GemmPlan& plan, engine::DType dtype, const std::string& name,
+                                engine::DType norm_weight_dtype = engine::DType::kFloat32);
 
 }  // namespace kiln::ops

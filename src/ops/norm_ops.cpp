@@ -1,5 +1,7 @@
 #include "ops/norm_ops.h"
 
+#include "ops/gemm_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -427,6 +429,12 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
   plan.elem_shape = {D};
   plan.data_coef.push_back(1);
   plan.param_coef.push_back(1);
+  // A matrix-vector product reading only the norm (a decode step's q|k|v or
+  // gate|up) normalizes its rows itself: no norm kernel.
+  if (next >= 0 && plan_gemm_after_rms_norm(ctx, next, plan)) {
+    for (int n : absorbed) ctx.absorb(n);
+    return true;
+  }
   for (int n : absorbed) ctx.absorb(n);
   RmsNormPlan step;
   step.norm = plan;

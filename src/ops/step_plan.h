@@ -71,6 +71,12 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_out = 0;
   // Lowered to a generated matrix-vector kernel instead (gemv_kernel.h).
   bool gemv = false;
+  // gemv only: `a` is an RMSNorm's input, normalized in the kernel's
+  // prologue (a_row * rsqrt(mean(a_row^2) + norm_eps) * norm_weight, the
+  // weight optional): the norm planned no kernel of its own (norm_ops.cpp).
+  bool rms_norm = false;
+  int norm_weight = -1;
+  double norm_eps = 0.0;
 
   std::vector<int> reads() const override;
   int writes() const override { return out; }

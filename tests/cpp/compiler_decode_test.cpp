@@ -693,5 +693,119 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
   }
 }
 
+// HF Llama's RMSNorm ([cast] pow, mean, add eps, rsqrt, mul, [cast], mul by
+// the weight) feeding a linear over a decode step's rows: one matrix-vector
+// kernel that normalizes its rows itself (GemmPlan::rms_norm). A second
+// reader of the norm, or more rows than the kernel takes, keeps the norm's
+// own kernel.
+struct NormLinearCase {
+  DType dt;
+  int64_t m, n, k;
+  bool bias, casts, norm_weight, extra_reader;
+};
+
+void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
+               " k " + std::to_string(c.k) + (c.extra_reader ? " extra reader" : ""));
+  ir::Graph g;
+  const Shape xs{1, c.m, c.k}, kept{1, c.m, 1}, ys{1, c.m, c.n};
+  const double eps = 1e-6;
+  const int x = g.add_input("x", c.dt, xs);
+  const DType f = c.casts ? DType::kFloat32 : c.dt;
+  const int a = c.casts ? out0(g, g.add_node("aten._to_copy.default", "up", {x}, {}, {{f, xs}})) : x;
+  const int sq = out0(g, g.add_node("aten.pow.Tensor_Scalar", "sq", {a}, {{"exponent", int64_t{2}}}, {{f, xs}}));
+  const int mean = out0(g, g.add_node("aten.mean.dim", "mean", {sq},
+                                      {{"dim", std::vector<int64_t>{-1}}, {"keepdim", true}}, {{f, kept}}));
+  const int add = out0(g, g.add_node("aten.add.Scalar", "add", {mean}, {{"other", eps}}, {{f, kept}}));
+  const int r = out0(g, g.add_node("aten.rsqrt.default", "rsqrt", {add}, {}, {{f, kept}}));
+  int y = out0(g, g.add_node("aten.mul.Tensor", "mul", {a, r}, {}, {{f, xs}}));
+  if (c.casts) y = out0(g, g.add_node("aten._to_copy.default", "down", {y}, {}, {{c.dt, xs}}));
+  std::uniform_real_distribution<float> pos(0.5f, 1.5f);
+  std::vector<uint8_t> gamma(static_cast<size_t>(c.k) * engine::dtype_size(c.dt));
+  for (int64_t e = 0; e < c.k; ++e) write_elem(c.dt, gamma, static_cast<size_t>(e), pos(rng));
+  if (c.norm_weight) {
+    const int gw = g.add_constant("norm_weight", c.dt, {c.k}, gamma);
+    y = out0(g, g.add_node("aten.mul.Tensor", "scale", {gw, y}, {}, {{c.dt, xs}}));
+  }
+  const std::vector<uint8_t> w = random_bytes(c.dt, c.n * c.k, rng), bias = random_bytes(c.dt, c.n, rng);
+  std::vector<int> operands{y, g.add_constant("w", c.dt, {c.n, c.k}, w)};
+  if (c.bias) operands.push_back(g.add_constant("b", c.dt, {c.n}, bias));
+  const int out = out0(g, g.add_node("aten.linear.default", "proj", operands, {}, {{c.dt, ys}}));
+  std::vector<int> outputs{out};
+  if (c.extra_reader) outputs.push_back(out0(g, g.add_node("aten.relu.default", "relu", {y}, {}, {{c.dt, xs}})));
+  g.set_outputs(outputs);
+  ops::OpOptions options;
+  options.gemv_kernels = true;
+  passes::ExecPlan plan = passes::fuse(g, options);
+  const bool fused = !c.extra_reader && c.m <= ops::kGemvMaxRows;
+  const ops::GemmPlan* gemm = nullptr;
+  for (const auto& op : plan.ops)
+    if (op.as<ops::GemmPlan>() != nullptr) gemm = op.as<ops::GemmPlan>();
+  ASSERT_NE(gemm, nullptr);
+  EXPECT_EQ(gemm->rms_norm, fused);
+  if (!fused) {
+    EXPECT_GE(plan.ops.size(), 2u) << "the norm keeps its kernel";
+    return;
+  }
+  ASSERT_EQ(plan.ops.size(), 1u) << "norm and product are one kernel";
+  EXPECT_EQ(plan.ops[0].label, "rms_norm+linear");
+  EXPECT_EQ(gemm->a, x);
+  TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[0].plan->lower(ctx, step);
+  ASSERT_EQ(step.kind, engine::StepKind::kKernel);
+  const std::string fn = step.kernel.function;
+  const std::string wrapped = testing::host_prelude() + ctx.source() +
+                              "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                              "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block,\n"
+                              "      kiln_shim::Order::kLowWarpFirst);\n}\n";
+  void* lib = testing::build_host_module(wrapped, "norm_gemv_" + std::to_string(index), KILN_BLOCK_SHIM_HEADER);
+  ASSERT_NE(lib, nullptr);
+  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+  ASSERT_NE(launch, nullptr);
+  std::vector<uint8_t> xb = random_bytes(c.dt, c.m * c.k, rng);
+  std::vector<uint8_t> ob(static_cast<size_t>(c.m * c.n) * engine::dtype_size(c.dt));
+  std::vector<const void*> ptr = {ob.data(), xb.data(), w.data()};
+  if (c.bias) ptr.push_back(bias.data());
+  if (c.norm_weight) ptr.push_back(gamma.data());
+  ASSERT_EQ(step.kernel.args.size(), ptr.size());
+  std::vector<void*> args;
+  for (const void*& q : ptr) args.push_back(&q);
+  launch(args.data(), step.kernel.grid[0], step.kernel.block[0]);
+  // Reference: PyTorch's order, the norm's output rounded to the dtype (the
+  // fused kernel keeps it in float: within the dtype's rounding of the terms).
+  const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+  for (int64_t row = 0; row < c.m; ++row) {
+    double ss = 0;
+    for (int64_t e = 0; e < c.k; ++e) ss += std::pow(read_elem(c.dt, xb, static_cast<size_t>(row * c.k + e)), 2);
+    const double rs = 1.0 / std::sqrt(ss / static_cast<double>(c.k) + eps);
+    for (int64_t j = 0; j < c.n; ++j) {
+      double want = 0, scale = 0;
+      for (int64_t e = 0; e < c.k; ++e) {
+        double yn = read_elem(c.dt, xb, static_cast<size_t>(row * c.k + e)) * rs;
+        if (c.norm_weight) yn *= read_elem(c.dt, gamma, static_cast<size_t>(e));
+        const double t = round_to(c.dt, yn) * read_elem(c.dt, w, static_cast<size_t>(j * c.k + e));
+        want += t;
+        scale += std::fabs(t);
+      }
+      if (c.bias) want += read_elem(c.dt, bias, static_cast<size_t>(j));
+      want = round_to(c.dt, want);
+      const double got = read_elem(c.dt, ob, static_cast<size_t>(row * c.n + j));
+      ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want) + 0.01 * scale)) << "row " << row << " column " << j;
+    }
+  }
+}
+
+TEST(DecodeOps, RmsNormIsTheMatrixVectorKernelsPrologue) {
+  std::mt19937 rng(std::random_device{}());
+  int index = 0;
+  for (const NormLinearCase& c : {NormLinearCase{DType::kFloat32, 1, 24, 256, true, false, true, false},
+                                  NormLinearCase{DType::kBFloat16, 1, 40, 1024, false, true, true, false},
+                                  NormLinearCase{DType::kFloat16, 3, 17, 512, true, true, false, false},
+                                  NormLinearCase{DType::kFloat32, 2, 8, 128, false, false, true, true},
+                                  NormLinearCase{DType::kFloat32, 6, 8, 128, false, false, true, false}})
+    check_norm_linear(c, index++, rng);
+}
+
 }  // namespace
 }  // namespace kiln
