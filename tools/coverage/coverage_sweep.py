@@ -62,6 +62,18 @@ MARK = "COVERAGE_RESULT "
 # ---- one export (child process) ----------------------------------------------
 
 
+def _git_commit() -> str:
+    """The short commit of this checkout, "+dirty" when its code differs from it."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = git("diff", "--quiet", "HEAD", "--", "src", "python", "tools").returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def _cpu_seconds() -> float:
     """This process's user + system CPU seconds (NVRTC's threads included)."""
     import resource
@@ -112,6 +124,7 @@ def export_one(name: str, kind: str, dtype_name: str, pte_dir: Path | None, targ
         out_dir = pte_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         pte = kiln.save(compiled, out_dir / f"{name}_{SHORT[dtype_name]}.pte")
         record["export_s"] = round(time.perf_counter() - start, 2)
+        record["commit"] = _git_commit()  # the code whose seconds these are
         record["export_cpu_s"] = round(_cpu_seconds() - cpu_start, 2)  # the machine is shared: wall varies
         phases = compiled.saved_phases
         record["phases"] = {"torch.export": round(torch_export_s, 2), **{k: round(v, 2) for k, v in phases.seconds.items()},
@@ -283,9 +296,10 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         "Written by `tools/coverage/coverage_sweep.py` (issue 10, section 4): every model of",
         "`torchvision.models` (classification) and `torchvision.models.segmentation`, random weights",
         "(seeded, nothing downloaded), batch 1, 3x224x224, exported with `kiln.compile(...,",
-        "min_block_size=1, target_sms=(90,))` + `kiln.save` on the 2-core CPU machine (shared with",
-        "other builds, so seconds are upper bounds; in parentheses the export's CPU seconds, user + system,",
-        "NVRTC's threads included, the comparable number; \"[default SMs]\" marks an export with kiln's",
+        "min_block_size=1, target_sms=(90,))` + `kiln.save` on the 2-core CPU machine (seconds: wall,",
+        "torch.export to the written file, one export at a time; the commit that made each figure is in",
+        "`docs/coverage.json`, and the summary names them; in parentheses the export's CPU seconds, user +",
+        "system, NVRTC's threads included; \"[default SMs]\" marks an export with kiln's",
         "default target_sms, sm_80 to sm_120: cubins for sm_80/90/100/110/120 + PTX, `--target-sms default`).",
         "float16 = `model.half()` with",
         "`enabled_precisions={torch.float16}`. CPU ops: ops left to ExecuTorch's CPU kernels.",
@@ -294,7 +308,8 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         "\"compile fallback\": a node whose partition failed to compile and was left to the CPU by the",
         "partitioner's trial compile (such an export aborted before issue 10's fallback). GPU error:",
         "norm-relative error of kiln_runner's output against PyTorch on the H200 on fresh random",
-        "inputs (`tools/coverage/gpu_coverage.py`; fp32 <= 1e-4, fp16 <= 1e-2); empty until that runs.",
+        "inputs (`tools/coverage/gpu_coverage.py`; fp32 <= 1e-4, fp16 <= 1e-2), from the exports that",
+        "`docs/coverage_gpu/*.json` name (not re-run with every re-timing); empty until that runs.",
         "",
         "Reproduce: `PYTHONPATH=python nice -n 19 python3 tools/coverage/coverage_sweep.py --keep-pte",
         "out/coverage/pte` (resumes from `docs/coverage.json`; `--fresh` starts over). GPU errors:",
@@ -375,10 +390,12 @@ def _summary(results, by, gpu, planned) -> list[str]:
             slow = max(timed, key=lambda r: r["export_s"])
             over = sorted((r for r in timed if r["export_s"] > 30), key=lambda r: -r["export_s"])
             over_cpu = [r for r in over if r.get("export_cpu_s", 0) > 30]
-            out.append(f"  - export time (<= 100M parameters, {len(timed)} exports): max {slow['export_s']:.0f} s wall"
+            commits = Counter(r.get("commit", "not recorded") for r in timed)
+            out.append(f"  - export time (<= 100M parameters, {len(timed)} exports): max {slow['export_s']:.1f} s wall"
                        f" ({slow['model']}); {len(over)} over 30 s wall, {len(over_cpu)} of them over 30 CPU s: "
                        + (", ".join(f"{r['model']} {r['export_s']:.0f} ({r.get('export_cpu_s', 0):.0f})"
-                                    for r in over_cpu) or "none"))
+                                    for r in over_cpu) or "none")
+                       + "; measured at " + ", ".join(f"{c} ({n})" for c, n in commits.most_common()))
         g = [gpu[(r["model"], d)] for r in rs if (r["model"], d) in gpu]
         if g:
             ok = sum(1 for x in g if x.get("ok"))
