@@ -5,6 +5,7 @@ results are docs/coverage.md)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +56,10 @@ def test_small_models_export_with_every_op_in_kiln(records):
         assert r["pte_mib"] > 0 and (pte_dir / r["pte"]).exists()
         assert r["outputs"] == [[1, 1000]]
         assert r["target_sms"] == [90]
+        # the code whose seconds these are: this checkout's commit
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        if head.returncode == 0:
+            assert r["commit"].removesuffix("+dirty") == head.stdout.strip()
         # where the seconds went, as kiln.save's last line says (plus torch.export)
         assert set(r["phases"]) == {"torch.export", "edge", "partition", "engine compile", "kernels", "serialize"}
         assert sum(v for k, v in r["phases"].items() if k != "kernels") <= r["export_s"] + 0.5
@@ -103,6 +108,7 @@ def test_report_and_carry_groups(records, tmp_path):
     assert "| aten.upsample_bilinear2d.vec | 1 | m_cpu |" in text
     assert "| squeezenet1_1 | 1.2M | pass | 0 |" in text and "3.0e-07 ok" in text
     assert "m_cpu fp32: aten.mm.default ('mm') left to the CPU" in text
+    assert f"measured at {recs[0]['commit']} (1), not recorded (1)" in text
 
     coverage_sweep.main(["--pack", str(tmp_path / "carry"), "--keep-pte", str(pte_dir), "--json", str(json_path)])
     (group,) = (tmp_path / "carry").iterdir()
