@@ -64,9 +64,30 @@ Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
   const ir::Graph& g = ctx.graph();
   std::vector<int> chain;  // producer nodes, nearest first
   int root = value;
+  // The value read itself may have several readers when it is a slice of
+  // whole rows' last-dim columns (a merged projection's gate) and every
+  // reader is elementwise arithmetic (silu(g) = g * sigmoid(g)): each kernel
+  // then reads it in place, in contiguous runs, and the slice kernel loses
+  // every reader.
+  auto only_elementwise_readers = [&](int id) {
+    const ir::Value& v = g.value(id);
+    if (v.producer < 0) return false;
+    const ir::Node& p = g.nodes()[static_cast<size_t>(v.producer)];
+    if (p.op != kSlice || p.int_attr("step", 1) != 1 || p.inputs.size() != 1 ||
+        normalize_dim(p.int_attr("dim", 0), g.value(p.inputs[0]).shape.size(), p) !=
+            static_cast<int64_t>(v.shape.size()) - 1)
+      return false;
+    for (int c : ctx.consumers(id)) {
+      const OpDef* def = find_op(g.nodes()[static_cast<size_t>(c)].op);
+      if (def == nullptr || def->role != OpRole::kElementwise) return false;
+    }
+    return true;
+  };
   for (;;) {
     const ir::Value& v = g.value(root);
-    if (v.producer < 0 || v.dtype != dtype || ctx.is_output(root) || ctx.consumers(root).size() != 1) break;
+    const size_t readers = ctx.consumers(root).size();
+    const bool readers_ok = readers == 1 || (root == value && readers > 1 && only_elementwise_readers(root));
+    if (v.producer < 0 || v.dtype != dtype || ctx.is_output(root) || !readers_ok) break;
     const ir::Node& p = g.nodes()[static_cast<size_t>(v.producer)];
     if (ctx.absorbed(v.producer) || p.inputs.size() != 1 || p.outputs.size() != 1) break;
     if (!is_view_op(p.op) && !is_constant_permute_op(p.op) && p.op != kSlice && p.op != kSelect) break;

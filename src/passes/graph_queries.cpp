@@ -49,9 +49,24 @@ bool only_attention_reads(const ir::Graph& graph, const std::vector<std::vector<
 
 namespace {
 
+// Several readers, every one an elementwise op (each kernel reads `v`
+// through strides on its own), and `v` is no graph output.
+bool all_elementwise_readers(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v) {
+  const auto& readers = consumers[static_cast<size_t>(v)];
+  if (readers.size() < 2) return false;
+  for (int o : graph.outputs())
+    if (o == v) return false;
+  for (int r : readers) {
+    const ops::OpDef* def = ops::find_op(graph.nodes()[static_cast<size_t>(r)].op);
+    if (def == nullptr || def->role != ops::OpRole::kElementwise) return false;
+  }
+  return true;
+}
+
 bool only_strided_reads_at(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v, int depth) {
   if (depth > 24) return false;
   const int r = sole_reader(graph, consumers, v);
+  if (r < 0 && all_elementwise_readers(graph, consumers, v)) return true;  // e.g. silu(g) = g * sigmoid(g)
   if (r < 0) return only_attention_reads_at(graph, consumers, v, depth);
   const ir::Node& n = graph.nodes()[static_cast<size_t>(r)];
   if (ops::is_attention_op(n.op)) return true;

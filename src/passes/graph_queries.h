@@ -22,7 +22,8 @@ bool only_attention_reads(const ir::Graph& graph, const std::vector<std::vector<
 // Whether every use of v can read it through strides, so a slice of it costs
 // no copy: attention operands (as above), or, through views, permutes,
 // slices and selects each read by one node, the x of a rotary, the values of
-// a cache update or an operand of fused elementwise arithmetic
+// a cache update or an operand of fused elementwise arithmetic, also of
+// several elementwise ops at once (silu written as g * sigmoid(g))
 // (ops/layout_ops.h strided_source).
 bool only_strided_reads(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v);
 
