@@ -353,6 +353,8 @@ const std::vector<Pass>& passes() {
        [](PassState& s, const CompileOptions& o, engine::DType) {
          if (o.op_options.depthwise_kernels) passes::plan_depthwise_kernels(s.graph, s.plan);
        }},
+      {"gemv_pair_epilogues",
+       [](PassState& s, const CompileOptions&, engine::DType) { passes::plan_gemv_pair_epilogues(s.graph, s.plan); }},
       {"split_reductions",
        [](PassState& s, const CompileOptions&, engine::DType) {
          passes::split_reductions(s.graph, s.plan);

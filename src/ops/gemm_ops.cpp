@@ -248,14 +248,14 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
   };
   if (stride_a != 0 || batch == 1) expect(a, "a", m, k);
   if (stride_b != 0 || batch == 1) expect(b, "b", b_transposed ? n : k, b_transposed ? k : n);
-  expect(out, "out", m, n);
+  expect(out, "out", m, paired ? n / 2 : n);  // paired: the epilogue's result
   if (gemv) {
-    const engine::DType dtype = graph.value(out).dtype;
+    const engine::DType dtype = graph.value(b).dtype;  // the product's (checked at planning)
     step.kind = engine::StepKind::kKernel;
     engine::KernelStep& ks = step.kernel;
     ks.function = ctx.kernel_name("kiln_gemv");
     const GemvKernel gen = generate_gemv_kernel(*this, dtype, ks.function,
-                                                norm_weight >= 0 ? graph.value(norm_weight).dtype : dtype);
+                                                norm_weight >= 0 ? graph.value(norm_weight).dtype : dtype, &graph);
     ctx.add_source(gen.source);
     ks.grid[0] = gen.grid;
     ks.block[0] = gen.block;
@@ -265,8 +265,9 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
     if (norm_weight >= 0) ks.args.push_back(ctx.tensor_arg(norm_weight));
     return;
   }
-  if (rms_norm) {
-    throw CompileError("internal: an RMSNorm prologue was planned on a product that is not a matrix-vector kernel");
+  if (rms_norm || paired) {
+    throw CompileError("internal: a prologue or pair epilogue was planned on a product that is not a matrix-vector "
+                       "kernel");
   }
   step.kind = engine::StepKind::kGemm;
   engine::GemmStep& s = step.gemm;

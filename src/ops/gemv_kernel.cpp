@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
+#include "ops/elementwise_kernel.h"
 #include "ops/step_plan.h"
 
 namespace kiln::ops {
@@ -32,7 +34,13 @@ bool gemv_applies(const GemmPlan& p, engine::DType dtype) {
 }
 
 GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const std::string& name,
-                                engine::DType norm_weight_dtype) {
+                                engine::DType norm_weight_dtype, const ir::Graph* graph) {
+  const bool pair = p.paired;
+  if (pair && graph == nullptr) throw CompileError("internal: a paired gemv kernel needs its graph");
+  // Paired: a warp owns column `col` of both halves (rows col and col + kHalf
+  // of w), the second one's terms in acc2, and stores the elementwise
+  // epilogue of the two into out[m, kHalf].
+  const engine::DType out_dtype = pair ? graph->value(p.out).dtype : dtype;
   const int64_t vec = 16 / static_cast<int64_t>(engine::dtype_size(dtype));
   const int64_t vecs = p.k / vec;  // 16-byte vectors in one weight row
   // Loads a lane issues before using any: a row's whole chunk when it is
@@ -43,7 +51,8 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   std::ostringstream s;
   s << "// " << name << ": gemv m=" << p.m << " n=" << p.n << " k=" << p.k << "\n"
     << "extern \"C\" __global__ void __launch_bounds__(" << 32 * kGemvWarps << ") " << name << "(\n"
-    << "    " << T << "* __restrict__ out, const " << T << "* __restrict__ x, const " << T << "* __restrict__ w";
+    << "    " << codegen::storage_type(out_dtype) << "* __restrict__ out, const " << T << "* __restrict__ x, const " << T
+    << "* __restrict__ w";
   if (has_bias) s << ", const " << T << "* __restrict__ bias";
   if (has_c) s << ", const " << T << "* __restrict__ c";
   const bool norm = p.rms_norm, norm_weight = p.rms_norm && p.norm_weight >= 0;
@@ -52,9 +61,14 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "  constexpr int kM = " << p.m << ", kG = " << group << ", kV = " << vec << ";\n"
     << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs) << ";\n"
     << "  const int lane = threadIdx.x & 31;\n"
-    << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n"
-    << "  if (col >= kN) return;\n"
-    << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n";
+    << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n";
+  if (pair)
+    s << "  constexpr long long kHalf = " << ll(p.n / 2) << ";\n"
+      << "  if (col >= kHalf) return;\n"
+      << "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n";
+  else
+    s << "  if (col >= kN) return;\n";
+  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n";
   if (norm) {
     // RMSNorm prologue: each warp computes its rows' rsqrt(mean(x^2) + eps)
     // (a row is a few KiB, read from cache by every warp); the products then
@@ -83,31 +97,44 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
       << "    rs[m] = rsqrtf(a / (float)kK + " << eps << "f);\n"
       << "  }\n";
   }
+  const std::string x_term = norm_weight ? codegen::load_expr(dtype, "xe[e]") + " * " +
+                                               codegen::load_expr(norm_weight_dtype, "nw[v * kV + e]")
+                                         : codegen::load_expr(dtype, "xe[e]");
   s << "  float acc[kM];\n"
+    << (pair ? "  float acc2[kM];\n" : "")
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
+    << (pair ? "  #pragma unroll\n  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : "")
     << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n"
     << "    uint4 wv[kG];\n"
+    << (pair ? "    uint4 wv2[kG];\n" : "")
     << "    #pragma unroll\n"
     << "    for (int g = 0; g < kG; ++g) {\n"
     << "      const long long v = base + 32 * g;\n"
     << "      if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n"
+    << (pair ? "      if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n" : "")
     << "    }\n"
     << "    #pragma unroll\n"
     << "    for (int g = 0; g < kG; ++g) {\n"
     << "      const long long v = base + 32 * g;\n"
     << "      if (v >= kVecs) break;\n"
     << "      const " << T << "* we = reinterpret_cast<const " << T << "*>(&wv[g]);\n"
+    << (pair ? "      const " + T + "* we2 = reinterpret_cast<const " + T + "*>(&wv2[g]);\n" : std::string())
     << "      #pragma unroll\n"
     << "      for (int m = 0; m < kM; ++m) {\n"
     << "        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * kK) + v);\n"
     << "        const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
-    << "        #pragma unroll\n"
-    << "        for (int e = 0; e < kV; ++e) acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", "
-    << (norm_weight ? codegen::load_expr(dtype, "xe[e]") + " * " + codegen::load_expr(norm_weight_dtype, "nw[v * kV + e]")
-                    : codegen::load_expr(dtype, "xe[e]"))
-    << ", acc[m]);\n"
-    << "      }\n"
+    << "        #pragma unroll\n";
+  if (pair)
+    s << "        for (int e = 0; e < kV; ++e) {\n"
+      << "          const float xf = " << x_term << ";\n"
+      << "          acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", xf, acc[m]);\n"
+      << "          acc2[m] = fmaf(" << codegen::load_expr(dtype, "we2[e]") << ", xf, acc2[m]);\n"
+      << "        }\n";
+  else
+    s << "        for (int e = 0; e < kV; ++e) acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", " << x_term
+      << ", acc[m]);\n";
+  s << "      }\n"
     << "    }\n"
     << "  }\n"
     << "  #pragma unroll\n"
@@ -115,6 +142,10 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "    float a = acc[m];\n"
     << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"
     << "    acc[m] = a;\n"
+    << (pair ? "    float a2 = acc2[m];\n"
+               "    for (int o = 16; o > 0; o >>= 1) a2 += __shfl_xor_sync(0xffffffffu, a2, o);\n"
+               "    acc2[m] = a2;\n"
+             : "")
     << "  }\n"
     << "  if (lane != 0) return;\n"
     << "  #pragma unroll\n"
@@ -123,12 +154,28 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   if (has_bias) s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
   if (has_c) s << "    r += " << codegen::load_expr(dtype, "c[m * kN + col]") << ";\n";
   if (relu_of(p.epilogue)) s << "    r = kiln_relu(r);\n";
-  s << "    out[m * kN + col] = " << codegen::store_expr(dtype, "r") << ";\n"
-    << "  }\n"
+  if (pair) {
+    // The two halves as the product's dtype stores them (what the separate
+    // elementwise kernel read), then its arithmetic.
+    s << "    float r2 = acc2[m]" << (norm ? " * rs[m]" : "") << ";\n";
+    if (has_bias) s << "    r2 += " << codegen::load_expr(dtype, "bias[col + kHalf]") << ";\n";
+    s << "    const " << T << " q1 = " << codegen::store_expr(dtype, "r") << ";\n"
+      << "    const " << T << " q2 = " << codegen::store_expr(dtype, "r2") << ";\n"
+      << "    const float h1 = " << codegen::load_expr(dtype, "q1") << ", h2 = " << codegen::load_expr(dtype, "q2")
+      << ";\n";
+    std::map<int, std::string> name_of{{p.pair_first, "h1"}, {p.pair_second, "h2"}};
+    const std::string last =
+        emit_elementwise_chain(*graph, p.pair_nodes, name_of, "_e", "    ", "kernel '" + name + "'", s);
+    s << "    out[m * kHalf + col] = " << codegen::store_expr(out_dtype, last) << ";\n";
+  } else {
+    s << "    out[m * kN + col] = " << codegen::store_expr(dtype, "r") << ";\n";
+  }
+  s << "  }\n"
     << "}\n";
   GemvKernel k;
   k.source = s.str();
-  k.grid = static_cast<uint32_t>((p.n + kGemvWarps - 1) / kGemvWarps);
+  const int64_t columns = pair ? p.n / 2 : p.n;
+  k.grid = static_cast<uint32_t>((columns + kGemvWarps - 1) / kGemvWarps);
   k.block = 32 * kGemvWarps;
   return k;
 }

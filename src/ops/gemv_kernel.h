@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine_format/engine_desc.h"
+#include "ir/graph.h"
 
 namespace kiln::ops {
 
@@ -36,7 +37,11 @@ struct GemvKernel {
 // parameters (out, x, w[, bias][, c][, nw]) in that order. With
 // plan.rms_norm, x[m, :] is first normalized: x * rsqrt(mean(x^2) + eps),
 // times nw (of `norm_weight_dtype`) when plan.norm_weight is set.
+// With plan.paired (`graph` given), a warp computes columns j and j + n/2
+// and stores the elementwise epilogue plan.pair_nodes of the two (as the
+// dtype stores them) into out[m, n/2] (out's dtype: the epilogue's).
 GemvKernel generate_gemv_kernel(const GemmPlan& plan, engine::DType dtype, const std::string& name,
-                                engine::DType norm_weight_dtype = engine::DType::kFloat32);
+                                engine::DType norm_weight_dtype = engine::DType::kFloat32,
+                                const ir::Graph* graph = nullptr);
 
 }  // namespace kiln::ops

@@ -77,6 +77,13 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
   bool rms_norm = false;
   int norm_weight = -1;
   double norm_eps = 0.0;
+  // gemv only: the elementwise kernel (its nodes, `pair_nodes`) that read
+  // this product's last-dim halves (columns [0, n/2) as value pair_first,
+  // [n/2, n) as pair_second) is computed here, per column pair; `out` is
+  // its result, [m, n/2] (passes/gemv_pair_epilogue.cpp).
+  bool paired = false;
+  int pair_first = -1, pair_second = -1;
+  std::vector<int> pair_nodes;
 
   std::vector<int> reads() const override;
   int writes() const override { return out; }

@@ -89,6 +89,12 @@ ExecPlan fuse(ir::Graph& graph, const ops::OpOptions& options = {});
 // Adds [r,s,c] weight constants (depthwise_kernels.cpp).
 void plan_depthwise_kernels(ir::Graph& graph, ExecPlan& plan);
 
+// After fuse(): a matrix-vector kernel (GemmPlan::gemv) whose product only
+// one elementwise kernel reads, as its two last-dim halves (a merged gate|up
+// read by SiLU(gate) * up), takes that kernel's arithmetic as its epilogue
+// (GemmPlan::paired; gemv_pair_epilogue.cpp).
+void plan_gemv_pair_epilogues(const ir::Graph& graph, ExecPlan& plan);
+
 // After fuse(): a column reduction (reduced dims adjacent, >= 16 elements
 // inside them) that would launch too few blocks is split into partial
 // reductions over equal chunks (a float32 temporary) and a reduction of the

@@ -846,6 +846,106 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
   }
 }
 
+// A merged gate|up product read only by SiLU(gate) * up (as its last-dim
+// halves): one matrix-vector kernel computing both columns of a pair and the
+// elementwise epilogue (passes/gemv_pair_epilogue.cpp). Another reader of
+// the product keeps the two kernels.
+struct PairCase {
+  DType dt;
+  int64_t m, inter, k;
+  bool bias, extra_reader;
+};
+
+void check_gemv_pair(const PairCase& c, int index, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " m " + std::to_string(c.m) + " inter " +
+               std::to_string(c.inter) + " k " + std::to_string(c.k) + (c.extra_reader ? " extra reader" : ""));
+  ir::Graph g;
+  const int64_t n = 2 * c.inter;
+  const Shape xs{1, c.m, c.k}, gs{1, c.m, n}, hs{1, c.m, c.inter};
+  const int x = g.add_input("x", c.dt, xs);
+  const std::vector<uint8_t> w = random_bytes(c.dt, n * c.k, rng), bias = random_bytes(c.dt, n, rng);
+  std::vector<int> operands{x, g.add_constant("w", c.dt, {n, c.k}, w)};
+  if (c.bias) operands.push_back(g.add_constant("b", c.dt, {n}, bias));
+  const int gu = out0(g, g.add_node("aten.linear.default", "gate_up", operands, {}, {{c.dt, gs}}));
+  const int gate = slice_last(g, gu, 0, c.inter), up = slice_last(g, gu, c.inter, n);
+  const int sg = out0(g, g.add_node("aten.sigmoid.default", "sigmoid", {gate}, {}, {{c.dt, hs}}));
+  const int act = out0(g, g.add_node("aten.mul.Tensor", "silu", {gate, sg}, {}, {{c.dt, hs}}));
+  std::vector<int> outputs{out0(g, g.add_node("aten.mul.Tensor", "mul", {act, up}, {}, {{c.dt, hs}}))};
+  if (c.extra_reader) outputs.push_back(out0(g, g.add_node("aten.relu.default", "relu", {gu}, {}, {{c.dt, gs}})));
+  g.set_outputs(outputs);
+  ops::OpOptions options;
+  options.gemv_kernels = true;
+  passes::ExecPlan plan = passes::fuse(g, options);
+  passes::plan_gemv_pair_epilogues(g, plan);
+  const ops::GemmPlan* gemm = nullptr;
+  for (const auto& op : plan.ops)
+    if (op.as<ops::GemmPlan>() != nullptr) gemm = op.as<ops::GemmPlan>();
+  ASSERT_NE(gemm, nullptr);
+  ASSERT_TRUE(gemm->gemv);
+  EXPECT_EQ(gemm->paired, !c.extra_reader);
+  if (c.extra_reader) {
+    EXPECT_GE(plan.ops.size(), 2u);
+    return;
+  }
+  ASSERT_EQ(plan.ops.size(), 1u) << "product and SiLU*up are one kernel";
+  EXPECT_EQ(plan.ops[0].label, "linear+sigmoid+mul+mul");
+  TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[0].plan->lower(ctx, step);
+  ASSERT_EQ(step.kind, engine::StepKind::kKernel);
+  EXPECT_EQ(step.kernel.args[0].tensor, static_cast<uint32_t>(gemm->out));
+  const std::string fn = step.kernel.function;
+  const std::string wrapped = testing::host_prelude() + ctx.source() +
+                              "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                              "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block,\n"
+                              "      kiln_shim::Order::kLowWarpFirst);\n}\n";
+  void* lib = testing::build_host_module(wrapped, "gemv_pair_" + std::to_string(index), KILN_BLOCK_SHIM_HEADER);
+  ASSERT_NE(lib, nullptr);
+  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+  ASSERT_NE(launch, nullptr);
+  std::vector<uint8_t> xb = random_bytes(c.dt, c.m * c.k, rng);
+  std::vector<uint8_t> ob(static_cast<size_t>(c.m * c.inter) * engine::dtype_size(c.dt) + 64, 0x5a);
+  std::vector<const void*> ptr = {ob.data(), xb.data(), w.data()};
+  if (c.bias) ptr.push_back(bias.data());
+  ASSERT_EQ(step.kernel.args.size(), ptr.size());
+  std::vector<void*> args;
+  for (const void*& q : ptr) args.push_back(&q);
+  launch(args.data(), step.kernel.grid[0], step.kernel.block[0]);
+  const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+  auto product = [&](int64_t row, int64_t col, double* scale) {
+    double sum = c.bias ? read_elem(c.dt, bias, static_cast<size_t>(col)) : 0.0;
+    for (int64_t e = 0; e < c.k; ++e) {
+      const double t = read_elem(c.dt, xb, static_cast<size_t>(row * c.k + e)) *
+                       read_elem(c.dt, w, static_cast<size_t>(col * c.k + e));
+      sum += t;
+      *scale += std::fabs(t);
+    }
+    return round_to(c.dt, sum);  // as the product's dtype stores it
+  };
+  for (int64_t row = 0; row < c.m; ++row)
+    for (int64_t j = 0; j < c.inter; ++j) {
+      double scale = 0;
+      const double a = product(row, j, &scale), b = product(row, c.inter + j, &scale);
+      const double sig = round_to(c.dt, 1.0 / (1.0 + std::exp(-a)));
+      const double want = round_to(c.dt, round_to(c.dt, a * sig) * b);
+      const double got = read_elem(c.dt, ob, static_cast<size_t>(row * c.inter + j));
+      ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want)) + 1e-6 * scale * (1.0 + std::fabs(b)))
+          << "row " << row << " column " << j;
+    }
+  for (size_t i = static_cast<size_t>(c.m * c.inter) * engine::dtype_size(c.dt); i < ob.size(); ++i)
+    ASSERT_EQ(ob[i], 0x5a) << "wrote past the output";
+}
+
+TEST(DecodeOps, GateUpProductComputesSiluTimesUp) {
+  std::mt19937 rng(std::random_device{}());
+  int index = 0;
+  for (const PairCase& c : {PairCase{DType::kFloat32, 1, 40, 256, true, false},
+                            PairCase{DType::kBFloat16, 1, 24, 512, false, false},
+                            PairCase{DType::kFloat16, 3, 16, 256, true, false},
+                            PairCase{DType::kFloat32, 1, 40, 256, false, true}})
+    check_gemv_pair(c, index++, rng);
+}
+
 TEST(DecodeOps, RmsNormIsTheMatrixVectorKernelsPrologue) {
   std::mt19937 rng(std::random_device{}());
   int index = 0;
