@@ -288,16 +288,24 @@ TEST(DecodeOps, RotaryReadsAMergedProjectionThroughStrides) {
 }
 
 // An MLP's gate and up as halves of one merged projection: silu(gate) * up
-// is one elementwise kernel reading both halves in place (no slice kernels).
-TEST(DecodeOps, ElementwiseKernelReadsBothHalvesOfAMergedProjection) {
-  std::mt19937 rng(std::random_device{}());
+// is one elementwise kernel reading both halves in place (no slice kernels),
+// with SiLU as one op or written out as gate * sigmoid(gate) (float32 HF
+// models: the gate slice then has two readers, both in the kernel).
+void check_silu_mul_reads_halves(bool written_out, std::mt19937& rng) {
+  SCOPED_TRACE(written_out ? "gate * sigmoid(gate)" : "silu(gate)");
   const DType dt = DType::kFloat32;
   const int64_t rows = 3, inter = 40;
   ir::Graph g;
   const int gu = g.add_input("gate_up", dt, {1, rows, 2 * inter});
   const int gate = slice_last(g, gu, 0, inter), up = slice_last(g, gu, inter, 2 * inter);
   const Shape s{1, rows, inter};
-  const int act = out0(g, g.add_node("aten.silu.default", "silu", {gate}, {}, {{dt, s}}));
+  int act;
+  if (written_out) {
+    const int sg = out0(g, g.add_node("aten.sigmoid.default", "sigmoid", {gate}, {}, {{dt, s}}));
+    act = out0(g, g.add_node("aten.mul.Tensor", "silu", {gate, sg}, {}, {{dt, s}}));
+  } else {
+    act = out0(g, g.add_node("aten.silu.default", "silu", {gate}, {}, {{dt, s}}));
+  }
   g.set_outputs({out0(g, g.add_node("aten.mul.Tensor", "mul", {act, up}, {}, {{dt, s}}))});
   passes::ExecPlan plan = passes::fuse(g);
   ASSERT_EQ(plan.ops.size(), 1u) << "the slices must be read in place";
@@ -312,8 +320,8 @@ TEST(DecodeOps, ElementwiseKernelReadsBothHalvesOfAMergedProjection) {
   long long count = n;
   void* p[] = {ob.data(), in.data(), in.data()};
   void* args[] = {&p[0], &p[1], &p[2], &count};
-  testing::run_host_kernel(ctx.source(), step.kernel.function, "pointwise_strided", args, step.kernel.grid[0],
-                           step.kernel.block[0], KILN_SHIM_HEADER);
+  testing::run_host_kernel(ctx.source(), step.kernel.function, written_out ? "silu_written_out" : "pointwise_strided",
+                           args, step.kernel.grid[0], step.kernel.block[0], KILN_SHIM_HEADER);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = i / inter, c = i % inter;
     const double a = read_elem(dt, in, static_cast<size_t>(r * 2 * inter + c));
@@ -321,6 +329,12 @@ TEST(DecodeOps, ElementwiseKernelReadsBothHalvesOfAMergedProjection) {
     const double want = a / (1.0 + std::exp(-a)) * b;
     ASSERT_NEAR(read_elem(dt, ob, static_cast<size_t>(i)), want, 1e-5 * (1.0 + std::fabs(want))) << "element " << i;
   }
+}
+
+TEST(DecodeOps, ElementwiseKernelReadsBothHalvesOfAMergedProjection) {
+  std::mt19937 rng(std::random_device{}());
+  check_silu_mul_reads_halves(false, rng);
+  check_silu_mul_reads_halves(true, rng);
 }
 
 // ---- KV-cache update (index_put into a state), alone and with a rotary ----------
@@ -460,45 +474,11 @@ TEST(DecodeOps, CacheUpdateComputesTheRotaryItStores) {
   check_cache_update({DType::kFloat32, 2, 16, 8, 2, true, false, true}, rng);  // a second reader: not fused
 }
 
-// The same with SiLU written out as gate * sigmoid(gate) (float32 HF
-// models): the gate slice has two readers, both in the kernel, and is still
-// read in place (no slice kernel). A permute with two readers is not.
-TEST(DecodeOps, GateSliceWithTwoElementwiseReadersIsReadInPlace) {
-  std::mt19937 rng(std::random_device{}());
+// A permute read by several elementwise ops keeps its copy: strided reads
+// across rows would be uncoalesced (only last-dim slices are read in place
+// by several readers, above).
+TEST(DecodeOps, PermuteWithTwoElementwiseReadersKeepsItsCopy) {
   const DType dt = DType::kFloat32;
-  const int64_t rows = 2, inter = 24;
-  ir::Graph g;
-  const int gu = g.add_input("gate_up", dt, {1, rows, 2 * inter});
-  const int gate = slice_last(g, gu, 0, inter), up = slice_last(g, gu, inter, 2 * inter);
-  const Shape s{1, rows, inter};
-  const int sg = out0(g, g.add_node("aten.sigmoid.default", "sigmoid", {gate}, {}, {{dt, s}}));
-  const int act = out0(g, g.add_node("aten.mul.Tensor", "silu", {gate, sg}, {}, {{dt, s}}));
-  g.set_outputs({out0(g, g.add_node("aten.mul.Tensor", "mul", {act, up}, {}, {{dt, s}}))});
-  passes::ExecPlan plan = passes::fuse(g);
-  ASSERT_EQ(plan.ops.size(), 1u) << "the gate slice must be read in place";
-  TestLowerContext ctx(g);
-  engine::Step step;
-  plan.ops[0].plan->lower(ctx, step);
-  ASSERT_EQ(step.kernel.args.size(), 4u);  // out, gate, up, n
-  EXPECT_EQ(step.kernel.args[1].tensor, static_cast<uint32_t>(gu));
-  EXPECT_EQ(step.kernel.args[2].tensor, static_cast<uint32_t>(gu));
-  const int64_t n = rows * inter;
-  std::vector<uint8_t> in = random_bytes(dt, 2 * n, rng), ob(static_cast<size_t>(n) * 4);
-  long long count = n;
-  void* p[] = {ob.data(), in.data(), in.data()};
-  void* args[] = {&p[0], &p[1], &p[2], &count};
-  testing::run_host_kernel(ctx.source(), step.kernel.function, "silu_two_readers", args, step.kernel.grid[0],
-                           step.kernel.block[0], KILN_SHIM_HEADER);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = i / inter, c = i % inter;
-    const double a = read_elem(dt, in, static_cast<size_t>(r * 2 * inter + c));
-    const double b = read_elem(dt, in, static_cast<size_t>(r * 2 * inter + inter + c));
-    const double want = a / (1.0 + std::exp(-a)) * b;
-    ASSERT_NEAR(read_elem(dt, ob, static_cast<size_t>(i)), want, 1e-5 * (1.0 + std::fabs(want))) << "element " << i;
-  }
-
-  // A permute read by two kernels' worth of arithmetic keeps its copy: strided
-  // reads across rows would be uncoalesced (only last-dim slices qualify).
   ir::Graph h;
   const int x = h.add_input("x", dt, {1, 8, 16});
   const int t = out0(h, h.add_node("aten.permute_copy.default", "perm", {x}, {{"dims", Shape{0, 2, 1}}},
