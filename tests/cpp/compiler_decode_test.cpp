@@ -62,6 +62,18 @@ std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
   return b;
 }
 
+// Kernel `fn` of `source` built as host code with the block shim (its
+// threads cooperate), as a launcher; nullptr when it does not build.
+using BlockLaunch = void (*)(void**, unsigned, unsigned);
+BlockLaunch block_launcher(const std::string& source, const std::string& fn, const std::string& tag) {
+  const std::string wrapped = testing::host_prelude() + source +
+                              "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                              "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block,\n"
+                              "      kiln_shim::Order::kLowWarpFirst);\n}\n";
+  void* lib = testing::build_host_module(wrapped, tag, KILN_BLOCK_SHIM_HEADER);
+  return lib == nullptr ? nullptr : reinterpret_cast<BlockLaunch>(dlsym(lib, "kiln_test_launch"));
+}
+
 // ---- argmax ----------------------------------------------------------------
 
 struct ArgmaxCase {
@@ -784,14 +796,7 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
   engine::Step step;
   plan.ops[0].plan->lower(ctx, step);
   ASSERT_EQ(step.kind, engine::StepKind::kKernel);
-  const std::string fn = step.kernel.function;
-  const std::string wrapped = testing::host_prelude() + ctx.source() +
-                              "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
-                              "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block,\n"
-                              "      kiln_shim::Order::kLowWarpFirst);\n}\n";
-  void* lib = testing::build_host_module(wrapped, "norm_gemv_" + std::to_string(index), KILN_BLOCK_SHIM_HEADER);
-  ASSERT_NE(lib, nullptr);
-  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+  const BlockLaunch launch = block_launcher(ctx.source(), step.kernel.function, "norm_gemv_" + std::to_string(index));
   ASSERT_NE(launch, nullptr);
   std::vector<uint8_t> xb = random_bytes(c.dt, c.m * c.k, rng);
   std::vector<uint8_t> ob(static_cast<size_t>(c.m * c.n) * engine::dtype_size(c.dt));
@@ -874,14 +879,7 @@ void check_gemv_pair(const PairCase& c, int index, std::mt19937& rng) {
   plan.ops[0].plan->lower(ctx, step);
   ASSERT_EQ(step.kind, engine::StepKind::kKernel);
   EXPECT_EQ(step.kernel.args[0].tensor, static_cast<uint32_t>(gemm->out));
-  const std::string fn = step.kernel.function;
-  const std::string wrapped = testing::host_prelude() + ctx.source() +
-                              "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
-                              "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block,\n"
-                              "      kiln_shim::Order::kLowWarpFirst);\n}\n";
-  void* lib = testing::build_host_module(wrapped, "gemv_pair_" + std::to_string(index), KILN_BLOCK_SHIM_HEADER);
-  ASSERT_NE(lib, nullptr);
-  auto launch = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(lib, "kiln_test_launch"));
+  const BlockLaunch launch = block_launcher(ctx.source(), step.kernel.function, "gemv_pair_" + std::to_string(index));
   ASSERT_NE(launch, nullptr);
   std::vector<uint8_t> xb = random_bytes(c.dt, c.m * c.k, rng);
   std::vector<uint8_t> ob(static_cast<size_t>(c.m * c.inter) * engine::dtype_size(c.dt) + 64, 0x5a);
