@@ -77,11 +77,7 @@ Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
         normalize_dim(p.int_attr("dim", 0), g.value(p.inputs[0]).shape.size(), p) !=
             static_cast<int64_t>(v.shape.size()) - 1)
       return false;
-    for (int c : ctx.consumers(id)) {
-      const OpDef* def = find_op(g.nodes()[static_cast<size_t>(c)].op);
-      if (def == nullptr || def->role != OpRole::kElementwise) return false;
-    }
-    return true;
+    return all_elementwise(g, ctx.consumers(id));
   };
   for (;;) {
     const ir::Value& v = g.value(root);

@@ -429,13 +429,10 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
   plan.elem_shape = {D};
   plan.data_coef.push_back(1);
   plan.param_coef.push_back(1);
+  for (int n : absorbed) ctx.absorb(n);
   // A matrix-vector product reading only the norm (a decode step's q|k|v or
   // gate|up) normalizes its rows itself: no norm kernel.
-  if (next >= 0 && plan_gemm_after_rms_norm(ctx, next, plan)) {
-    for (int n : absorbed) ctx.absorb(n);
-    return true;
-  }
-  for (int n : absorbed) ctx.absorb(n);
+  if (next >= 0 && plan_gemm_after_rms_norm(ctx, next, plan)) return true;
   RmsNormPlan step;
   step.norm = plan;
   ctx.emit(PlannedOp("rms_norm", std::move(step)));

@@ -38,6 +38,14 @@ std::vector<const OpDef*> all_ops() {
   return ops;
 }
 
+bool all_elementwise(const ir::Graph& graph, const std::vector<int>& nodes) {
+  for (int n : nodes) {
+    const OpDef* def = find_op(graph.nodes()[static_cast<size_t>(n)].op);
+    if (def == nullptr || def->role != OpRole::kElementwise) return false;
+  }
+  return true;
+}
+
 std::string elementwise_expression(const ir::Node& node, const std::vector<std::string>& operands) {
   const OpDef* def = find_op(node.op);
   if (!def || def->role != OpRole::kElementwise)

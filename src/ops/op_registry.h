@@ -66,6 +66,10 @@ struct OpDef {
 
 // nullptr when no op of that name is registered.
 const OpDef* find_op(const std::string& name);
+
+// Whether every node in `nodes` is an elementwise op of the registry (each
+// is then computed inside some fused elementwise kernel).
+bool all_elementwise(const ir::Graph& graph, const std::vector<int>& nodes);
 // Every registered op, sorted by name.
 std::vector<const OpDef*> all_ops();
 // Registers `def`; throws std::logic_error on a duplicate name (a bug).

@@ -56,11 +56,7 @@ bool all_elementwise_readers(const ir::Graph& graph, const std::vector<std::vect
   if (readers.size() < 2) return false;
   for (int o : graph.outputs())
     if (o == v) return false;
-  for (int r : readers) {
-    const ops::OpDef* def = ops::find_op(graph.nodes()[static_cast<size_t>(r)].op);
-    if (def == nullptr || def->role != ops::OpRole::kElementwise) return false;
-  }
-  return true;
+  return ops::all_elementwise(graph, readers);
 }
 
 bool only_strided_reads_at(const ir::Graph& graph, const std::vector<std::vector<int>>& consumers, int v, int depth) {
