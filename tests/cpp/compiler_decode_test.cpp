@@ -807,9 +807,11 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
   std::vector<void*> args;
   for (const void*& q : ptr) args.push_back(&q);
   launch(args.data(), step.kernel.grid[0], step.kernel.block[0]);
-  // Reference: PyTorch's order, the norm's output rounded to the dtype (the
-  // fused kernel keeps it in float: within the dtype's rounding of the terms).
-  const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 2e-3 : 1.6e-2;
+  // Reference: the kernel's order, the norm's output kept unrounded (PyTorch
+  // rounds it to the dtype first; that differs by up to half an ulp per term,
+  // which over k random terms is not a bound a test can hold). What is left:
+  // the output's rounding and fp32 accumulation over k terms.
+  const double tol = c.dt == DType::kFloat32 ? 1e-5 : c.dt == DType::kFloat16 ? 1e-3 : 8e-3;
   for (int64_t row = 0; row < c.m; ++row) {
     double ss = 0;
     for (int64_t e = 0; e < c.k; ++e) ss += std::pow(read_elem(c.dt, xb, static_cast<size_t>(row * c.k + e)), 2);
@@ -819,14 +821,14 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
       for (int64_t e = 0; e < c.k; ++e) {
         double yn = read_elem(c.dt, xb, static_cast<size_t>(row * c.k + e)) * rs;
         if (c.norm_weight) yn *= read_elem(c.dt, gamma, static_cast<size_t>(e));
-        const double t = round_to(c.dt, yn) * read_elem(c.dt, w, static_cast<size_t>(j * c.k + e));
+        const double t = yn * read_elem(c.dt, w, static_cast<size_t>(j * c.k + e));
         want += t;
         scale += std::fabs(t);
       }
       if (c.bias) want += read_elem(c.dt, bias, static_cast<size_t>(j));
       want = round_to(c.dt, want);
       const double got = read_elem(c.dt, ob, static_cast<size_t>(row * c.n + j));
-      ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want) + 0.01 * scale)) << "row " << row << " column " << j;
+      ASSERT_NEAR(got, want, tol * (1.0 + std::fabs(want)) + 1e-6 * scale) << "row " << row << " column " << j;
     }
   }
 }
