@@ -93,10 +93,20 @@ if [ -f "$bundle/python_runtime/manifest.json" ] && [ -f build-gpu/src/c_api/lib
 else
   echo "($bundle/python_runtime not carried: Python runtime test skipped)"
 fi
+# Dynamic shapes: one engine per shape bucket, sizes picked at execute, other
+# sizes refused (issue 12 item 1; files from tests/gpu/export_dynamic_shapes.py).
+dyn_failed=0
+if [ -f "$bundle/dynamic_shapes/manifest.json" ]; then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/dynamic_shapes_test.py --files "$bundle/dynamic_shapes" \
+    --runner build-gpu/tools/kiln_runner/kiln_runner 2>&1 | tee "$out/dynamic_shapes.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || dyn_failed=1
+else
+  echo "($bundle/dynamic_shapes not carried: dynamic-shapes test skipped)"
+fi
 if [ ! -f "$bundle/models/mlp_fp32.pte" ]; then
   echo "($bundle/models not carried: runtime features and consumer app skipped)"
   [ "${gpu_tests_failed:-0}" = 0 ] && [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] &&
-    [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ] && [ "$pyrt_failed" = 0 ]
+    [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ] && [ "$pyrt_failed" = 0 ] && [ "$dyn_failed" = 0 ]
   exit
 fi
 
@@ -121,4 +131,4 @@ if [ "$app_failed" = 0 ]; then
 fi
 [ "${gpu_tests_failed:-0}" = 0 ] && [ "${features_failed:-0}" = 0 ] && [ "$app_failed" = 0 ] &&
   [ "$ctest_failed" = 0 ] && [ "$multi_failed" = 0 ] && [ "$state_failed" = 0 ] && [ "$sm_failed" = 0 ] && [ "$llm_failed" = 0 ] &&
-  [ "$pyrt_failed" = 0 ]
+  [ "$pyrt_failed" = 0 ] && [ "$dyn_failed" = 0 ]

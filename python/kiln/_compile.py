@@ -273,12 +273,13 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     model_id: str | None = None,
     constant_methods: dict[str, Any] | None = None,
     overlap_launches: bool = True,
+    shape_buckets: Sequence[int] | None = None,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
 
     Args:
-      exported_program: from ``torch.export.export`` (static shapes), or a
+      exported_program: from ``torch.export.export``, or a
         dict method name -> ExportedProgram (e.g. {"prefill": ..., "decode":
         ...}): all methods go into one program, and weights they share are
         stored once and loaded once on the GPU. Options apply to every method.
@@ -317,16 +318,25 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         constant (ExecuTorch's constant methods), e.g. {"get_max_seq_len":
         512} for a generation loop to read from the .pte; values are int,
         float, bool or str, or a list of those.
+      shape_buckets: for a program exported with dynamic shapes (torch.export
+        Dims, each with a max): the sizes each dynamic dim is compiled for,
+        one engine variant per size inside the dim's range; the delegate runs
+        the variant whose sizes equal the inputs' and refuses other sizes
+        with InvalidArgument naming the input, the dim and the compiled
+        sizes. None: the range's min and max and the powers of two between
+        (1..512: 1, 2, 4, ..., 512, ten variants). See docs/user_guide.md.
     """
     return compile_as("kiln.compile", exported_program, arg_inputs, enabled_precisions, min_block_size,
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
                       debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods,
-                      gemv_kernels=gemv_kernels, overlap_launches=overlap_launches)
+                      gemv_kernels=gemv_kernels, overlap_launches=overlap_launches,
+                      shape_buckets=shape_buckets)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
                use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
-               model_id=None, constant_methods=None, gemv_kernels=True, overlap_launches=True) -> CompiledProgram:
+               model_id=None, constant_methods=None, gemv_kernels=True, overlap_launches=True,
+               shape_buckets=None) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     programs, given_dict = check_programs(exported_program, caller)
     constant_methods = check_constant_methods(caller, constant_methods, programs)
@@ -347,6 +357,7 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         overlap_launches=overlap_launches,
         debug_dir=debug_dir,
         weights_prefix=_weights.key_prefix(model_id),
+        shape_buckets=shape_buckets,
     )
     if arg_inputs is not None:
         if given_dict:
@@ -523,6 +534,7 @@ def _save(compiled: CompiledProgram, path, use_cuda_graphs, backend_config, ptd_
             overlap_launches=compiled.options.overlap_launches,
             debug_dir=compiled.options.debug_dir,
             weights_prefix=compiled.options.weights_prefix,
+            shape_buckets=compiled.options.shape_buckets,
         )
         manager, _ = lower(compiled.exported_program, options, compiled.constant_methods)
 

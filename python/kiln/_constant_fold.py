@@ -105,7 +105,8 @@ def _aten_op(target: Any) -> Optional[torch._ops.OpOverload]:
     return op if isinstance(op, torch._ops.OpOverload) else None
 
 
-def _foldable_target(node: torch.fx.Node) -> bool:
+def foldable_target(node: torch.fx.Node) -> bool:
+    """A deterministic, side-effect-free op returning tensors: safe to evaluate at export."""
     if node.target is operator.getitem:
         return True
     target = _aten_op(node.target)
@@ -199,7 +200,7 @@ def fold_constants(program: ExportedProgram) -> ExportedProgram:
     trivial: set[torch.fx.Node] = set(values)
     lazy: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op != "call_function" or not _foldable_target(node):
+        if node.op != "call_function" or not foldable_target(node):
             continue
         if node.target is operator.getitem:
             source = node.args[0]

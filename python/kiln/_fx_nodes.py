@@ -19,9 +19,11 @@ Normalization rules, following the op's schema:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.fx
@@ -68,17 +70,72 @@ def is_getitem(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
 
 
+# Sizes of the symbolic dims (torch.export Dims) while one shape variant of a
+# dynamic program is described: sympy symbol name -> int. Kiln compiles static
+# shapes; a dynamic partition is compiled once per variant (_dynamic.py).
+_BINDINGS: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVar("kiln_bindings", default=None)
+
+
+@contextlib.contextmanager
+def specialized(bindings: Mapping[str, int]) -> Iterator[None]:
+    """Describes nodes with every symbolic size given its value in `bindings`."""
+    token = _BINDINGS.set(dict(bindings))
+    try:
+        yield
+    finally:
+        _BINDINGS.reset(token)
+
+
+def sizes_bound() -> bool:
+    """True inside specialized(): symbolic sizes have values."""
+    return _BINDINGS.get() is not None
+
+
+def symbolic_int(value: Any) -> int:
+    """The int a SymInt (or a node computing one, e.g. aten.sym_size) takes
+    under the current bindings; UnsupportedNode outside specialized()."""
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, torch.SymInt):
+        raise UnsupportedNode(f"{value!r} is not a size")
+    bindings = _BINDINGS.get()
+    expr = value.node.expr
+    if bindings is None:
+        raise UnsupportedNode(f"size {expr} is symbolic")
+    import sympy
+
+    substituted = sympy.sympify(expr).xreplace(
+        {sym: sympy.Integer(bindings[sym.name]) for sym in expr.free_symbols if sym.name in bindings})
+    if not getattr(substituted, "is_Integer", False):
+        raise UnsupportedNode(f"size {expr} has symbols without a value ({sorted(map(str, expr.free_symbols))})")
+    return int(substituted)
+
+
+def is_size_node(node: Any) -> bool:
+    """A node whose value is an int size (aten.sym_size.int, SymInt arithmetic),
+    not a tensor: it has no IR value; its users read it as a constant."""
+    return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.SymInt)
+
+
 def tensor_type(value: Any, what: str) -> TensorType:
-    """TensorType of a (fake) tensor; UnsupportedNode for symbolic shapes or
-    dtypes Kiln does not have."""
+    """TensorType of a (fake) tensor; UnsupportedNode for symbolic shapes
+    (outside specialized()) or dtypes Kiln does not have."""
     if not isinstance(value, torch.Tensor):
         raise UnsupportedNode(f"{what} is not a tensor ({type(value).__name__})")
     if value.dtype not in TORCH_TO_KILN_DTYPE:
         raise UnsupportedNode(f"{what} has dtype {value.dtype}, which Kiln does not support")
     if not all(isinstance(dim, int) for dim in value.shape):
-        raise UnsupportedNode(f"{what} has a dynamic shape {list(value.shape)} (Kiln compiles static shapes; "
-                             "export without dynamic_shapes to run it on the GPU)")
-    shape = [int(dim) for dim in value.shape]
+        if _BINDINGS.get() is None:
+            raise UnsupportedNode(f"{what} has a dynamic shape {list(value.shape)} whose dims have no range "
+                                  "Kiln can compile variants for (give each torch.export Dim a max)")
+        try:
+            shape = [symbolic_int(dim) for dim in value.shape]
+        except UnsupportedNode as e:
+            raise UnsupportedNode(f"{what}: {e}") from None
+    else:
+        shape = [int(dim) for dim in value.shape]
     return TensorType(TORCH_TO_KILN_DTYPE[value.dtype], shape)
 
 
@@ -110,7 +167,20 @@ def _attr_value(value: Any, arg_name: str, node: torch.fx.Node) -> Any:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
     ):
         return list(value)
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if isinstance(value, (list, tuple)) and all(
+        (isinstance(v, int) and not isinstance(v, bool)) or isinstance(v, torch.SymInt) or is_size_node(v)
+        for v in value
+    ):  # a shape with symbolic sizes ([1, s0, 32]): its values in this variant
+        try:
+            return [symbolic_int(v) for v in value]
+        except UnsupportedNode as e:
+            raise UnsupportedNode(f"argument '{arg_name}' of '{node.name}': {e}") from None
+    if isinstance(value, torch.SymInt) or is_size_node(value):
+        try:
+            return symbolic_int(value)
+        except UnsupportedNode as e:
+            raise UnsupportedNode(f"argument '{arg_name}' of '{node.name}': {e}") from None
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
         raise UnsupportedNode(f"argument '{arg_name}' is symbolic")
     raise UnsupportedNode(
         f"argument '{arg_name}' of '{node.name}' has an unsupported value {type(value).__name__}"
@@ -123,7 +193,7 @@ def _is_optional_tensor(arg: Any) -> bool:
 
 
 def _is_tensor_node(value: Any) -> bool:
-    return isinstance(value, torch.fx.Node)
+    return isinstance(value, torch.fx.Node) and not is_size_node(value)
 
 
 def describe_node(node: torch.fx.Node) -> NodeDescription:

@@ -88,6 +88,10 @@ class KilnOptions:
     # methods use are stored and uploaded once. "" keeps them inside each
     # engine (a KilnPartitioner used without kiln.compile).
     weights_prefix: str = ""
+    # Sizes a dynamic dim (torch.export Dim) is compiled for: one engine
+    # variant per size inside the Dim's range (_dynamic.py). () = the range's
+    # min, its max and the powers of two between them.
+    shape_buckets: tuple[int, ...] = ()
 
     # ---- compile specs ---------------------------------------------------
     def to_compile_specs(self) -> list[CompileSpec]:
@@ -103,7 +107,7 @@ class KilnOptions:
             CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
             CompileSpec("gemv_kernels", b"1" if self.gemv_kernels else b"0"),
             CompileSpec("overlap_launches", b"1" if self.overlap_launches else b"0"),
-        ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else [])
+        ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else []) + ([CompileSpec("shape_buckets", ",".join(map(str, self.shape_buckets)).encode())] if self.shape_buckets else [])
 
     @staticmethod
     def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
@@ -138,6 +142,8 @@ class KilnOptions:
                 values["debug_dir"] = text
             elif spec.key == "weights_prefix":
                 values["weights_prefix"] = text
+            elif spec.key == "shape_buckets":
+                values["shape_buckets"] = tuple(int(s) for s in text.split(",") if s)
             else:
                 raise ValueError(f"KilnBackend: unknown compile spec key {spec.key!r}")
         return validate_options(
@@ -156,6 +162,7 @@ class KilnOptions:
             overlap_launches=values.get("overlap_launches", True),
             debug_dir=values.get("debug_dir", ""),
             weights_prefix=values.get("weights_prefix", ""),
+            shape_buckets=values.get("shape_buckets", None),
         )
 
     # ---- for messages and summaries -------------------------------------
@@ -200,6 +207,7 @@ def validate_options(
     weights_prefix: Any = "",
     cubin_sms: Any = None,
     overlap_launches: Any = True,
+    shape_buckets: Any = None,
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument.
@@ -289,6 +297,11 @@ def validate_options(
     if not isinstance(weights_prefix, str) or (
             weights_prefix and not re.fullmatch(r"kiln/[A-Za-z0-9._-]{1,64}/", weights_prefix)):
         raise ValueError(f"weights_prefix: expected '' or 'kiln/<model id>/', got {weights_prefix!r}")
+    if shape_buckets is None:
+        shape_buckets = ()
+    if not isinstance(shape_buckets, (list, tuple, set, frozenset)) or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in shape_buckets):
+        raise TypeError(f"shape_buckets: expected a sequence of sizes >= 1 such as [1, 64, 512], got {shape_buckets!r}")
     return KilnOptions(
         enabled_precisions=precisions,
         min_block_size=min_block_size,
@@ -303,4 +316,5 @@ def validate_options(
         overlap_launches=overlap_launches,
         debug_dir=debug_dir,
         weights_prefix=weights_prefix,
+        shape_buckets=tuple(sorted(set(shape_buckets))),
     )

@@ -15,7 +15,7 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from . import _fx_nodes, _trial, _weights
+from . import _dynamic, _fx_nodes, _trial, _weights
 from ._logging import announce, progress
 from ._native import CompileError, native
 from ._options import KilnOptions
@@ -43,7 +43,10 @@ class KilnBackend(BackendDetails):
             1 for n in edge_program.graph.nodes
             if n.op == "call_function" and not _fx_nodes.is_getitem(n)
         )
-        built = build(edge_program, state_prefix=options.weights_prefix or DEFAULT_STATE_PREFIX)
+        prefix = options.weights_prefix or DEFAULT_STATE_PREFIX
+        # One graph, or one per shape variant of a dynamic partition.
+        built = _dynamic.build_program(edge_program, lambda: build(edge_program, state_prefix=prefix),
+                                       options.shape_buckets)
         # The partitioner's trial compile already built this engine (same
         # graph, same constants, same options): take it instead of compiling
         # again. A miss (a partitioner that could not trial-compile with real
@@ -51,9 +54,9 @@ class KilnBackend(BackendDetails):
         engine = _trial.ENGINE_CACHE.take(engine_key(built.key, options))
         if engine is None:
             progress.partition(nodes)
-            logger.debug("kiln: partition graph:\n%s", built.graph.describe())
+            logger.debug("kiln: partition graph:\n%s", built.variants[0][1].graph.describe())
             try:
-                engine = _trial.compile_graph(built, options, _progress)
+                engine = _dynamic.compile_program(built, lambda graph: _trial.compile_graph(graph, options, _progress))
             except CompileError as e:
                 # Too late to fall back: the partition is fixed by now.
                 raise CompileError(
@@ -68,7 +71,7 @@ class KilnBackend(BackendDetails):
             return PreprocessResult(processed_bytes=engine)
         # Weights go to the program's named data, keyed by model and content,
         # so the engines of every method that use one share one copy.
-        engine, entries = native().externalize_weights(engine, options.weights_prefix)
+        engine, entries = _dynamic.externalize_weights(engine, options.weights_prefix)
         named = _weights.named_data(entries)
         progress.engine(len(engine), sum(len(data) for _key, _name, data in entries))
         return PreprocessResult(processed_bytes=engine, data_store_output=named)

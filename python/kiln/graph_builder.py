@@ -18,7 +18,9 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from . import _fx_nodes
+from torch.utils import _pytree as pytree
+
+from . import _dynamic, _fx_nodes
 from ._native import CompileError, native
 
 
@@ -98,6 +100,10 @@ class _Builder:
         self.values: dict[torch.fx.Node, list[int]] = {}
         self.input_names: list[str] = []
         self.output_names: list[str] = []
+        # Constant placeholders' tensors and the size constants computed from
+        # them (dynamic programs: _dynamic.is_size_constant).
+        self.known: dict[torch.fx.Node, torch.Tensor] = {}
+        self._size_constants: dict[torch.fx.Node, bool] = {}
 
     def value_of(self, node: torch.fx.Node, user: torch.fx.Node) -> int:
         ids = self.values.get(node)
@@ -125,6 +131,7 @@ class _Builder:
                         self.exact = False
                         real = torch.zeros(tensor.shape, dtype=tensor.dtype)
                     tensor = real
+                self.known[node] = tensor
                 data = tensor_bytes(tensor)
                 self._record("constant", node.name, t.dtype, t.shape, hashlib.sha256(data).hexdigest())
                 self.values[node] = [self.graph.add_constant(node.name, t.dtype, t.shape, data)]
@@ -155,6 +162,14 @@ class _Builder:
                 )
 
     def add_call(self, node: torch.fx.Node) -> None:
+        if _fx_nodes.is_size_node(node):
+            # aten.sym_size / SymInt arithmetic: no IR value; its users read
+            # the size this shape variant gives it (_fx_nodes.specialized).
+            self._record("size", node.name, _fx_nodes.symbolic_int(node))
+            return
+        if _fx_nodes.sizes_bound() and _dynamic.is_size_constant(node, self.known.__contains__, self._size_constants):
+            self._add_size_constant(node)
+            return
         if _fx_nodes.is_getitem(node):
             source, index = _getitem_source(node)
             ids = self.values.get(source)
@@ -171,6 +186,31 @@ class _Builder:
         self._record("node", desc.op, desc.name, inputs, sorted(desc.attrs.items()), outputs)
         self.node_ops.append((desc.name, desc.op))
         self.values[node] = list(self.graph.add_node(desc.op, desc.name, inputs, desc.attrs, outputs))
+
+    def _add_size_constant(self, node: torch.fx.Node) -> None:
+        """Evaluates a node of this shape variant's sizes and constants (a
+        causal mask over the dynamic length) with PyTorch's CPU kernels and
+        adds its value as a constant."""
+        def value(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                return self.known[a] if a in self.known else _fx_nodes.symbolic_int(a)
+            return a
+
+        args, kwargs = pytree.tree_map(value, (node.args, node.kwargs))
+        try:
+            with torch.no_grad():
+                result = node.target(*args, **kwargs)
+        except Exception as e:
+            raise CompileError(f"node '{node.name}': cannot compute it for this shape variant: {e}") from None
+        t = self._type(node)
+        if not isinstance(result, torch.Tensor) or list(result.shape) != t.shape or \
+                _fx_nodes.TORCH_TO_KILN_DTYPE.get(result.dtype) != t.dtype:
+            raise CompileError(f"node '{node.name}': its value for this shape variant is not {t.dtype} {t.shape}")
+        result = result.contiguous()
+        self.known[node] = result
+        data = tensor_bytes(result)
+        self._record("size_constant", node.name, t.dtype, t.shape, hashlib.sha256(data).hexdigest())
+        self.values[node] = [self.graph.add_constant(node.name, t.dtype, t.shape, data)]
 
     def set_outputs(self, node: torch.fx.Node) -> None:
         out_specs = self.program.graph_signature.output_specs

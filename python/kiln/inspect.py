@@ -147,6 +147,21 @@ def _share(engines: list[dict], in_file: dict[str, int]) -> dict:
     return methods
 
 
+def _variants(blob: bytes) -> list[tuple[dict | None, bytes]]:
+    """[(None, engine)] for one engine; for a dynamic partition's variant set,
+    each engine with its variant: index, count, sizes and the shape model."""
+    if not native().is_variant_set(blob):
+        return [(None, blob)]
+    parts = native().unpack_variant_set(blob)
+    symbols = [{"name": n, "min": lo, "max": hi,
+                "dims": [{"input": i, "dim": d} for i, d, s in parts["bindings"] if s == k]}
+               for k, (n, lo, hi) in enumerate(parts["symbols"])]
+    count = len(parts["engines"])
+    return [({"index": v, "count": count, "symbols": symbols,
+              "sizes": {sym["name"]: value for sym, value in zip(symbols, parts["values"][v])}}, engine)
+            for v, engine in enumerate(parts["engines"])]
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -170,15 +185,19 @@ def inspect_pte(path: str | Path) -> dict:
         if d["backend"] not in KILN_BACKENDS:
             continue
         try:
-            engine = native().inspect_engine(d["blob"])
+            variants = _variants(d["blob"])
+            for variant, blob in variants:
+                engine = native().inspect_engine(blob)
+                for m in engine["modules"]:
+                    m.pop("source", None)
+                engine.update(method=d["method"], delegate_index=index, backend=d["backend"],
+                              bytes=len(blob), compile_specs=d["compile_specs"])
+                if variant is not None:
+                    engine["variant"] = variant
+                _summarize(engine)
+                engines.append(engine)
         except ValueError as e:
             raise ValueError(f"{path}: delegate {index} ({d['backend']} in '{d['method']}'): {e}") from None
-        for m in engine["modules"]:
-            m.pop("source", None)
-        engine.update(method=d["method"], delegate_index=index, backend=d["backend"],
-                      bytes=len(d["blob"]), compile_specs=d["compile_specs"])
-        _summarize(engine)
-        engines.append(engine)
     weights = _share(engines, in_file)
     used = {n["key"]: n["nbytes"] for e in engines for n in e["named_weights"]}
     named_data = {
@@ -212,8 +231,19 @@ def _describe_engine(e: dict) -> list[str]:
     meta = dict(e["metadata"])
     meta.setdefault("use_cuda_graphs", "not baked (runtime decides)")
     plan = e["memory_plan"]
-    lines = [
-        f"engine {e['delegate_index']} ({e['backend']} in '{e['method']}'): {e['bytes']:,} bytes",
+    v = e.get("variant")
+    title = f"engine {e['delegate_index']} ({e['backend']} in '{e['method']}')"
+    lines = []
+    if v is not None:
+        if v["index"] == 0:
+            dims = "; ".join(f"{s['name']} in [{s['min']}, {s['max']}] at "
+                             + ", ".join(f"input {b['input']} dim {b['dim']}" for b in s["dims"])
+                             for s in v["symbols"])
+            lines.append(f"{title}: dynamic shapes, {v['count']} variants (one engine per size; other sizes "
+                         f"are refused): {dims}")
+        title += f" variant {v['index'] + 1}/{v['count']} (" + ", ".join(f"{k}={n}" for k, n in v["sizes"].items()) + ")"
+    lines += [
+        f"{title}: {e['bytes']:,} bytes",
         f"  code for: {code}",
     ]
     if e["modules"] and e["coverage"]:

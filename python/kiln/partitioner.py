@@ -30,7 +30,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import _fx_nodes, _timing, _trial
+from . import _dynamic, _fx_nodes, _timing, _trial
 from ._logging import announce, progress
 from ._native import CompileError, native
 from ._options import KilnOptions, validate_options
@@ -179,6 +179,7 @@ class KilnOperatorSupport(OperatorSupportBase):
         # of refusals)
         self.compile_failures: dict[torch.fx.Node, str] = {}
         self._taken: set[torch.fx.Node] = set()
+        self._size_constants: dict[torch.fx.Node, bool] = {}
 
     def refuse(self, node: torch.fx.Node, reason: str) -> None:
         """Leaves `node` to the CPU from now on (its partition failed)."""
@@ -207,6 +208,14 @@ class KilnOperatorSupport(OperatorSupportBase):
             )
         if node in self._taken:
             return True
+        if _fx_nodes.is_size_node(node):
+            # aten.sym_size and SymInt arithmetic of a dynamic program: sizes
+            # each shape variant knows as constants.
+            return _fx_nodes.sizes_bound()
+        if _fx_nodes.sizes_bound() and _dynamic.is_size_constant(
+                node, lambda n: n.op == "placeholder" and n.name in self._constants, self._size_constants):
+            self._taken.add(node)  # computed per variant at build (graph_builder)
+            return True
         if node in self.refusals:
             return False
         reason = query_support(node, self._constants)
@@ -220,7 +229,10 @@ class KilnOperatorSupport(OperatorSupportBase):
 
 
 def _compute_nodes(nodes) -> list[torch.fx.Node]:
-    return [n for n in nodes if n.op == "call_function" and not _fx_nodes.is_getitem(n)]
+    """The nodes a partition computes (not getitems, not aten.sym_size: a
+    partition of sizes alone is no partition)."""
+    return [n for n in nodes if n.op == "call_function" and not _fx_nodes.is_getitem(n)
+            and not _fx_nodes.is_size_node(n)]
 
 
 # Ops to_edge would otherwise decompose, kept as one node when the compiler
@@ -294,10 +306,15 @@ class KilnPartitioner(Partitioner):
             return [], None
         constants = _fx_nodes.constant_placeholder_names(ep)
 
+        sizes = _dynamic.representative(ep)
+
         def keep(node: torch.fx.Node) -> bool:
             if linear_key(node) in self.decompose_linear:
                 return False
-            return query_support(node, constants) is None
+            if sizes is None:
+                return query_support(node, constants) is None
+            with _fx_nodes.specialized(sizes):
+                return query_support(node, constants) is None
 
         kept_ops = [torch.ops.aten.linear.default, *KEPT_WHEN_TAKEN]
         # With a check function ExecuTorch decomposes the program twice more
@@ -382,6 +399,15 @@ class KilnPartitioner(Partitioner):
             announce(f"kiln: {op} x{len(rest)} more left to the CPU: {reason}")
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        # A dynamic program's nodes are asked about at their largest variant
+        # (each variant is compiled by the trial and at preprocess).
+        sizes = _dynamic.representative(exported_program)
+        if sizes is None:
+            return self._partition(exported_program)
+        with _fx_nodes.specialized(sizes):
+            return self._partition(exported_program)
+
+    def _partition(self, exported_program: ExportedProgram) -> PartitionResult:
         edge_s = _timing.partition_started()
         if edge_s is not None and edge_s >= _timing.SLOW_PHASE_S:
             announce(f"kiln: edge program (ATen decomposition, constant folding) in {edge_s:.1f} s")
@@ -483,14 +509,16 @@ class _Trial:
         """None when `program` compiles (its engine cached when its constants
         are the real ones), else the exception."""
         try:
-            built = build(program, self.real.resolve,
-                          self.options.weights_prefix or graph_builder.DEFAULT_STATE_PREFIX)
+            prefix = self.options.weights_prefix or graph_builder.DEFAULT_STATE_PREFIX
+            built = _dynamic.build_program(program, lambda: build(program, self.real.resolve, prefix),
+                                           self.options.shape_buckets)
             key = engine_key(built.key, self.options)
             if _trial.ENGINE_CACHE.get(key) is not None:
                 return None
             if announce_as is not None:
                 progress.trial(*announce_as)
-            engine = _trial.compile_graph(built, self.options, _progress if announce_as else None)
+            engine = _dynamic.compile_program(
+                built, lambda graph: _trial.compile_graph(graph, self.options, _progress if announce_as else None))
             if built.exact:
                 _trial.ENGINE_CACHE.put(key, engine)
             return None

@@ -16,12 +16,14 @@
 
 #include <executorch/runtime/core/exec_aten/util/dim_order_util.h>
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 #include <executorch/runtime/platform/runtime.h>
 
 #include "delegate/backend_options.h"
 #include "delegate/status_to_error.h"
 #include "engine_format/engine_format.h"
+#include "engine_format/variant_set.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device.h"
 #include "runtime/engine.h"
@@ -43,10 +45,17 @@ namespace {
 
 // What init() hands ExecuTorch; placement-new'ed into the method's runtime
 // allocator, so only its destructor runs in destroy().
-struct KilnHandle {
+// One engine and its execution state. A static partition has one; a
+// dynamic one (engine_format/variant_set.h) one per shape variant.
+struct Variant {
   std::unique_ptr<runtime::ExecutionContext> context;
   runtime::ContextStats reported;  // stats already added to the process counters
   bool graph_reason_logged = false;
+};
+
+struct KilnHandle {
+  std::vector<Variant> variants;
+  engine::VariantSetDesc shapes;  // no symbols for a static partition
 };
 
 // Process-wide settings (set_option) and counters (get_option).
@@ -69,10 +78,10 @@ ProcessOptions current_options() {
   return state.options;
 }
 
-// Adds what `handle` did since the last call to the process counters.
-void report_stats(KilnHandle& handle) {
-  const runtime::ContextStats& now = handle.context->stats();
-  runtime::ContextStats& was = handle.reported;
+// Adds what `variant` did since the last call to the process counters.
+void report_stats(Variant& variant) {
+  const runtime::ContextStats& now = variant.context->stats();
+  runtime::ContextStats& was = variant.reported;
   ProcessState& state = process_state();
   state.h2d_copies += now.h2d_copies - was.h2d_copies;
   state.d2h_copies += now.d2h_copies - was.d2h_copies;
@@ -269,6 +278,149 @@ Error describe_io(const Tensor& t, bool is_input, size_t index, int engine_devic
   return Error::Ok;
 }
 
+
+// The shape variant whose sizes equal the inputs' dims. A size outside its
+// dim's exported range, or one no variant was compiled for, is refused
+// naming the input, the dim and what the program takes (execute() must not
+// allocate: messages go through fixed buffers).
+Error pick_variant(const KilnHandle& handle, et::Span<EValue*> args, size_t* pick) {
+  const engine::VariantSetDesc& shapes = handle.shapes;
+  int64_t size_of[64];  // per binding; the reader bounds bindings by the blob, checked here
+  const size_t n = shapes.bindings.size();
+  if (n > sizeof(size_of) / sizeof(size_of[0])) {
+    ET_LOG(Error, "KilnBackend: the shape model has %zu input dims (at most 64)", n);
+    return Error::NotSupported;
+  }
+  for (size_t b = 0; b < n; ++b) {
+    const engine::VariantBinding& bind = shapes.bindings[b];
+    const EValue* value = bind.input < args.size() ? args[bind.input] : nullptr;
+    if (value == nullptr || !value->isTensor() || bind.dim >= static_cast<uint32_t>(value->toTensor().dim())) {
+      ET_LOG(Error, "KilnBackend: input %u: expected a tensor with a dynamic dim %u", bind.input, bind.dim);
+      return Error::InvalidArgument;
+    }
+    size_of[b] = static_cast<int64_t>(value->toTensor().size(static_cast<ssize_t>(bind.dim)));
+  }
+  for (size_t v = 0; v < shapes.values.size(); ++v) {
+    bool match = true;
+    for (size_t b = 0; match && b < n; ++b) match = size_of[b] == shapes.values[v][shapes.bindings[b].symbol];
+    if (match) {
+      *pick = v;
+      return Error::Ok;
+    }
+  }
+  for (size_t b = 0; b < n; ++b) {
+    const engine::VariantBinding& bind = shapes.bindings[b];
+    const engine::VariantSymbol& sym = shapes.symbols[bind.symbol];
+    if (size_of[b] < sym.min || size_of[b] > sym.max) {
+      ET_LOG(Error,
+             "KilnBackend: input %u dim %u: size %" PRId64 " is outside the exported range [%" PRId64 ", %" PRId64
+             "] of dynamic dim %s",
+             bind.input, bind.dim, size_of[b], sym.min, sym.max, sym.name.c_str());
+      return Error::InvalidArgument;
+    }
+  }
+  // In range, but not a compiled size: name the sizes of each dim.
+  for (size_t b = 0; b < n; ++b) {
+    const engine::VariantBinding& bind = shapes.bindings[b];
+    char sizes[256];
+    size_t used = 0;
+    sizes[0] = '\0';
+    for (size_t v = 0; v < shapes.values.size() && used < sizeof(sizes); ++v) {
+      const int64_t value = shapes.values[v][bind.symbol];
+      bool seen = false;
+      for (size_t u = 0; u < v && !seen; ++u) seen = shapes.values[u][bind.symbol] == value;
+      if (!seen)
+        used += std::snprintf(sizes + used, sizeof(sizes) - used, used == 0 ? "%" PRId64 : ", %" PRId64, value);
+    }
+    bool compiled = false;
+    for (size_t v = 0; v < shapes.values.size() && !compiled; ++v)
+      compiled = shapes.values[v][bind.symbol] == size_of[b];
+    if (!compiled || b + 1 == n) {
+      const engine::VariantSymbol& sym = shapes.symbols[bind.symbol];
+      ET_LOG(Error,
+             "KilnBackend: input %u dim %u: size %" PRId64 " was not compiled (dynamic dim %s in [%" PRId64
+             ", %" PRId64 "] has engines for sizes %s%s; export with shape_buckets naming it, or feed "
+             "one of those sizes)",
+             bind.input, bind.dim, size_of[b], sym.name.c_str(), sym.min, sym.max, sizes,
+             compiled ? " in other combinations with the other dims" : "");
+      return Error::InvalidArgument;
+    }
+  }
+  return Error::InvalidArgument;
+}
+
+// Loads one engine (a static partition's, or one shape variant of a dynamic
+// one) and creates its execution context; logs what was loaded.
+kiln::Status load_variant(et::BackendInitContext& context, const engine::VariantEngine& blob,
+                          const LoadOptions& load, const ProcessOptions& process, int device,
+                          const char* method, Variant* out) {
+  const bool share = load.use_shared_engines.value_or(process.use_shared_engines);
+  runtime::EngineLoadStats load_stats;
+  const et::NamedDataMap* named_data = context.get_named_data_map();
+  NamedDataSource source(named_data);
+  Result<std::shared_ptr<const runtime::Engine>> loaded = runtime::load_engine_shared(
+      blob.data, blob.size, device, /*options_key=*/0, share,
+      named_data != nullptr ? &source : nullptr, &load_stats);
+  if (!loaded.is_ok()) return loaded.status();
+  std::shared_ptr<const runtime::Engine> shared = std::move(loaded).value();
+  const size_t n_inputs = shared->num_inputs(), n_outputs = shared->num_outputs();
+  if (n_inputs > kMaxEngineArgs || n_outputs > kMaxEngineArgs)
+    return make_status(StatusCode::kUnsupported,
+                       "the engine has %zu inputs and %zu outputs; the delegate takes at most %zu "
+                       "of each",
+                       n_inputs, n_outputs, kMaxEngineArgs);
+  if (load_stats.shared) ++process_state().shared_engine_loads;
+  process_state().named_weight_uploads += load_stats.named.uploaded;
+  process_state().named_weight_reuses += load_stats.named.reused;
+
+  runtime::ContextOptions context_options;
+  GraphsSource graphs_source = GraphsSource::kProcessDefault;
+  KILN_RETURN_IF_ERROR(resolve_use_cuda_graphs(load, shared->desc().find_metadata("use_cuda_graphs"),
+                                               process.use_cuda_graphs, &context_options.use_cuda_graphs,
+                                               &graphs_source));
+  if (process.use_shared_activation_scratch)
+    context_options.shared_scratch = runtime::SharedScratch::for_device(device);
+
+  Result<std::unique_ptr<runtime::ExecutionContext>> exec =
+      runtime::ExecutionContext::create(shared, std::move(context_options));
+  if (!exec.is_ok()) return exec.status();
+  out->context = std::move(exec).value();
+  runtime::ExecutionContext& ctx = *out->context;
+
+  const runtime::DeviceInfo& info = shared->device_info();
+  const size_t named_count = shared->named_weights().size();
+  if (named_count > 0)
+    ET_LOG(Info,
+           "KilnBackend: method '%s': named weights: %zu tensors, %" PRIu64 " bytes: %zu uploaded "
+           "(%" PRIu64 " bytes), %zu already on GPU %d (%" PRIu64 " bytes)%s%s",
+           method, named_count,
+           shared->named_weights_bytes(), load_stats.named.uploaded,
+           load_stats.named.uploaded_bytes,
+           load_stats.shared ? named_count : load_stats.named.reused, info.ordinal,
+           load_stats.shared ? shared->named_weights_bytes() : load_stats.named.reused_bytes,
+           load_stats.shared ? ", with the whole engine of an earlier load" : "",
+           load_stats.named.mismatches > 0
+               ? "; a weight on the GPU had the same key but other bytes: loaded separately"
+               : "");
+  ET_LOG(Info,
+         "KilnBackend: loaded engine for method '%s': %zu steps, %zu inputs, %zu outputs, "
+         "%zu bytes of weights (%s), %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "
+         "(%s, sm_%d)",
+         method, shared->desc().steps.size(), n_inputs, n_outputs,
+         shared->weights_bytes() + static_cast<size_t>(shared->named_weights_bytes()),
+         load_stats.shared ? "shared with an earlier load" : share ? "shareable" : "private",
+         static_cast<size_t>(shared->desc().arena_bytes),
+         ctx.uses_shared_scratch() ? "shared scratch" : "own",
+         ctx.uses_cuda_graphs() ? "on" : "off", graphs_source_name(graphs_source), info.ordinal,
+         info.name.c_str(), info.sm);
+  if (!ctx.graph_disabled_reason().empty()) {
+    out->graph_reason_logged = true;
+    ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine: %s",
+           ctx.graph_disabled_reason().c_str());
+  }
+  return kiln::Status::ok();
+}
+
 }  // namespace
 
 bool KilnBackend::is_available() const { return gpu_status().is_ok(); }
@@ -292,42 +444,47 @@ et::Result<DelegateHandle*> KilnBackend::init(
   kiln::Status status = parse_load_options(context.runtime_specs(), &load);
   if (!status.is_ok()) return to_executorch_error(status, kPrefix);
   const ProcessOptions process = current_options();
-  const bool share = load.use_shared_engines.value_or(process.use_shared_engines);
 
   Result<int> device = runtime::current_device();
   if (!device.is_ok()) return to_executorch_error(device.status(), kPrefix);
-  runtime::EngineLoadStats load_stats;
-  const et::NamedDataMap* named_data = context.get_named_data_map();
-  NamedDataSource source(named_data);
-  Result<std::shared_ptr<const runtime::Engine>> loaded = runtime::load_engine_shared(
-      *data, processed->size(), device.value(), /*options_key=*/0, share,
-      named_data != nullptr ? &source : nullptr, &load_stats);
-  if (!loaded.is_ok()) return to_executorch_error(loaded.status(), kPrefix);
-  std::shared_ptr<const runtime::Engine> shared = std::move(loaded).value();
-  const size_t n_inputs = shared->num_inputs(), n_outputs = shared->num_outputs();
-  if (n_inputs > kMaxEngineArgs || n_outputs > kMaxEngineArgs)
-    return to_executorch_error(
-        make_status(StatusCode::kUnsupported,
-                    "the engine has %zu inputs and %zu outputs; the delegate takes at most %zu "
-                    "of each",
-                    n_inputs, n_outputs, kMaxEngineArgs),
-        kPrefix);
-  if (load_stats.shared) ++process_state().shared_engine_loads;
-  process_state().named_weight_uploads += load_stats.named.uploaded;
-  process_state().named_weight_reuses += load_stats.named.reused;
+  const char* method = context.get_method_name() != nullptr ? context.get_method_name() : "?";
 
-  runtime::ContextOptions context_options;
-  GraphsSource graphs_source = GraphsSource::kProcessDefault;
-  status = resolve_use_cuda_graphs(load, shared->desc().find_metadata("use_cuda_graphs"),
-                                   process.use_cuda_graphs, &context_options.use_cuda_graphs,
-                                   &graphs_source);
-  if (!status.is_ok()) return to_executorch_error(status, kPrefix);
-  if (process.use_shared_activation_scratch)
-    context_options.shared_scratch = runtime::SharedScratch::for_device(device.value());
-
-  Result<std::unique_ptr<runtime::ExecutionContext>> exec =
-      runtime::ExecutionContext::create(shared, std::move(context_options));
-  if (!exec.is_ok()) return to_executorch_error(exec.status(), kPrefix);
+  // One engine, or a dynamic partition's variant set (one engine per shape).
+  engine::VariantSetDesc shapes;
+  std::vector<engine::VariantEngine> blobs;
+  if (engine::is_variant_set(*data, processed->size())) {
+    status = engine::parse_variant_set(*data, processed->size(), &shapes, &blobs);
+    if (!status.is_ok()) return to_executorch_error(status, kPrefix);
+  } else {
+    blobs.push_back({static_cast<const uint8_t*>(*data), processed->size()});
+  }
+  std::vector<Variant> variants(blobs.size());
+  for (size_t v = 0; v < blobs.size(); ++v) {
+    status = load_variant(context, blobs[v], load, process, device.value(), method, &variants[v]);
+    if (!status.is_ok()) {
+      if (!shapes.symbols.empty()) status = status.with_context("shape variant " + std::to_string(v));
+      return to_executorch_error(status, kPrefix);
+    }
+  }
+  for (size_t v = 1; v < variants.size(); ++v)
+    if (variants[v].context->num_inputs() != variants[0].context->num_inputs() ||
+        variants[v].context->num_outputs() != variants[0].context->num_outputs())
+      return to_executorch_error(make_status(StatusCode::kCorruptData,
+                                             "shape variant %zu has other inputs/outputs than variant 0", v),
+                                 kPrefix);
+  for (const engine::VariantBinding& b : shapes.bindings)
+    if (b.input >= variants[0].context->num_inputs())
+      return to_executorch_error(make_status(StatusCode::kCorruptData,
+                                             "the shape model names input %u of an engine with %zu inputs", b.input,
+                                             variants[0].context->num_inputs()),
+                                 kPrefix);
+  if (!shapes.symbols.empty()) {
+    std::string dims;
+    for (size_t s = 0; s < shapes.symbols.size(); ++s)
+      dims += (s ? "; " : "") + engine::describe_symbol(shapes, s);
+    ET_LOG(Info, "KilnBackend: method '%s': dynamic shapes, %zu variants: %s", method, variants.size(),
+           dims.c_str());
+  }
 
   et::MemoryAllocator* allocator = context.get_runtime_allocator();
   void* memory = allocator != nullptr
@@ -336,44 +493,11 @@ et::Result<DelegateHandle*> KilnBackend::init(
   if (memory == nullptr) {
     ET_LOG(Error, "%s: the runtime allocator has no room for the %zu-byte handle", kPrefix,
            sizeof(KilnHandle));
-    return Error::MemoryAllocationFailed;  // `exec` and `shared` free the GPU side
+    return Error::MemoryAllocationFailed;  // `variants` frees the GPU side
   }
   auto* handle = new (memory) KilnHandle();
-  handle->context = std::move(exec).value();
-  runtime::ExecutionContext& ctx = *handle->context;
-
-  const runtime::DeviceInfo& info = shared->device_info();
-  const size_t named_count = shared->named_weights().size();
-  if (named_count > 0)
-    ET_LOG(Info,
-           "KilnBackend: method '%s': named weights: %zu tensors, %" PRIu64 " bytes: %zu uploaded "
-           "(%" PRIu64 " bytes), %zu already on GPU %d (%" PRIu64 " bytes)%s%s",
-           context.get_method_name() != nullptr ? context.get_method_name() : "?", named_count,
-           shared->named_weights_bytes(), load_stats.named.uploaded,
-           load_stats.named.uploaded_bytes,
-           load_stats.shared ? named_count : load_stats.named.reused, info.ordinal,
-           load_stats.shared ? shared->named_weights_bytes() : load_stats.named.reused_bytes,
-           load_stats.shared ? ", with the whole engine of an earlier load" : "",
-           load_stats.named.mismatches > 0
-               ? "; a weight on the GPU had the same key but other bytes: loaded separately"
-               : "");
-  ET_LOG(Info,
-         "KilnBackend: loaded engine for method '%s': %zu steps, %zu inputs, %zu outputs, "
-         "%zu bytes of weights (%s), %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "
-         "(%s, sm_%d)",
-         context.get_method_name() != nullptr ? context.get_method_name() : "?",
-         shared->desc().steps.size(), n_inputs, n_outputs,
-         shared->weights_bytes() + static_cast<size_t>(shared->named_weights_bytes()),
-         load_stats.shared ? "shared with an earlier load" : share ? "shareable" : "private",
-         static_cast<size_t>(shared->desc().arena_bytes),
-         ctx.uses_shared_scratch() ? "shared scratch" : "own",
-         ctx.uses_cuda_graphs() ? "on" : "off", graphs_source_name(graphs_source), info.ordinal,
-         info.name.c_str(), info.sm);
-  if (!ctx.graph_disabled_reason().empty()) {
-    handle->graph_reason_logged = true;
-    ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine: %s",
-           ctx.graph_disabled_reason().c_str());
-  }
+  handle->variants = std::move(variants);
+  handle->shapes = std::move(shapes);
   processed->Free();  // everything needed now lives in the engine
   return static_cast<DelegateHandle*>(handle);
 }
@@ -385,7 +509,13 @@ Error KilnBackend::execute(et::BackendExecutionContext& context, DelegateHandle*
     return Error::DelegateInvalidHandle;
   }
   KilnHandle& kiln_handle = *static_cast<KilnHandle*>(handle);
-  runtime::ExecutionContext& exec = *kiln_handle.context;
+  size_t pick = 0;
+  if (!kiln_handle.shapes.symbols.empty()) {
+    Error error = pick_variant(kiln_handle, args, &pick);
+    if (error != Error::Ok) return error;
+  }
+  Variant& variant = kiln_handle.variants[pick];
+  runtime::ExecutionContext& exec = *variant.context;
   const size_t n_inputs = exec.num_inputs(), n_outputs = exec.num_outputs();
   if (args.size() != n_inputs + n_outputs) {
     ET_LOG(Error, "KilnBackend: expected %zu arguments (%zu inputs + %zu outputs), got %zu",
@@ -409,15 +539,29 @@ Error KilnBackend::execute(et::BackendExecutionContext& context, DelegateHandle*
   }
   for (size_t i = 0; i < n_outputs; ++i) {
     EValue* value = args[n_inputs + i];
+    if (!kiln_handle.shapes.symbols.empty() && value != nullptr && value->isTensor()) {
+      // The variant's output sizes (ExecuTorch planned the outputs for the
+      // largest).
+      const std::vector<int64_t>& shape = exec.output_desc(i).shape;
+      const Error resized =
+          et::resize_tensor(value->toTensor(), executorch::aten::ArrayRef<int64_t>(shape.data(), shape.size()));
+      if (resized != Error::Ok) {
+        char want[192];
+        describe(want, sizeof(want), exec.output_desc(i));
+        ET_LOG(Error, "KilnBackend: output %zu: cannot resize it to the shape variant's %s (ExecuTorch error 0x%x)",
+               i, want, static_cast<unsigned>(resized));
+        return resized;
+      }
+    }
     Error error = check_tensor(value, exec.output_desc(i), "output", i, engine_device);
     if (error != Error::Ok) return error;
     error = describe_io(value->toTensor(), false, i, engine_device, &outputs[i]);
     if (error != Error::Ok) return error;
   }
   status = exec.execute(inputs, outputs, stream);
-  report_stats(kiln_handle);
-  if (!kiln_handle.graph_reason_logged && !exec.graph_disabled_reason().empty()) {
-    kiln_handle.graph_reason_logged = true;
+  report_stats(variant);
+  if (!variant.graph_reason_logged && !exec.graph_disabled_reason().empty()) {
+    variant.graph_reason_logged = true;
     ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine, running it normally: %s",
            exec.graph_disabled_reason().c_str());
   }

@@ -21,8 +21,10 @@
 #include "codegen/nvrtc_compiler.h"
 #include "compiler/compiler.h"
 #include "engine_format/engine_format.h"
+#include "engine_format/variant_set.h"
 #include "convert.h"
 #include "inspect.h"
+#include "variant_set.h"
 #include "ir/graph.h"
 
 namespace nb = nanobind;
@@ -242,5 +244,13 @@ NB_MODULE(_kiln_compiler, m) {
         "Returns (engine bytes, [(key, tensor name, weight bytes)]); raises ValueError.");
   m.def("hash_bytes", [](nb::bytes data) { return engine::hash_bytes(data.c_str(), data.size()); },
         "data"_a, "The 64-bit content hash named weights are keyed and checked by.");
+  m.def("pack_variant_set", &pack_variant_set, "symbols"_a, "bindings"_a, "values"_a, "engines"_a,
+        "One delegate blob from one engine per shape variant of a dynamic partition:\n"
+        "symbols [(name, min, max)], bindings [(input, dim, symbol)], values [[int per symbol]\n"
+        "per variant], engines [bytes]. Raises ValueError for an inconsistent description.");
+  m.def("unpack_variant_set", &unpack_variant_set, "data"_a,
+        "A variant set as {symbols, bindings, values, engines}; raises ValueError.");
+  m.def("is_variant_set", &is_variant_set, "data"_a, "True for a variant set (else one engine).");
   m.attr("ENGINE_FORMAT_VERSION") = engine::kEngineFormatVersion;
+  m.attr("MAX_SHAPE_VARIANTS") = engine::kMaxVariants;
 }

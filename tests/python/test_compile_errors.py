@@ -6,6 +6,7 @@ from executorch.exir import to_edge
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 import kiln
+from kiln._native import native
 from kiln._compile import edge_compile_config
 from kiln._options import validate_options
 
@@ -42,25 +43,31 @@ def test_preprocess_of_an_unsupported_program_names_the_node():
         kiln.KilnBackend.preprocess(edge.exported_program(), specs)
 
 
-def test_preprocess_rejects_dynamic_inputs_with_the_node_name(capsys):
+def test_preprocess_compiles_bounded_dynamic_inputs_and_refuses_unbounded_ones(capsys):
     class M(torch.nn.Module):
         def forward(self, x):
             return torch.relu(x)
 
+    # A Dim with a max: one engine per size bucket (a variant set).
     batch = torch.export.Dim("batch", min=2, max=64)
     ep = torch.export.export(M(), (torch.randn(4, 8),), dynamic_shapes={"x": {0: batch}})
     edge = to_edge(ep, compile_config=edge_compile_config())
-    with pytest.raises(kiln.CompileError, match="dynamic shape"):
+    blob = kiln.KilnBackend.preprocess(edge.exported_program(), validate_options().to_compile_specs()).processed_bytes
+    assert [v[0] for v in native().unpack_variant_set(blob)["values"]] == [2, 4, 8, 16, 32, 64]
+    # Without a max there is nothing to compile variants for.
+    unbounded = torch.export.export(M(), (torch.randn(4, 8),), dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    edge = to_edge(unbounded, compile_config=edge_compile_config())
+    with pytest.raises(kiln.CompileError, match="has no max"):
         kiln.KilnBackend.preprocess(edge.exported_program(), validate_options().to_compile_specs())
     # The partitioner leaves such nodes on the CPU instead of failing.
     capsys.readouterr()
-    compiled = kiln.compile(ep)
+    compiled = kiln.compile(unbounded)
     assert compiled.delegates == []
     assert compiled.summary.ops_on_cpu == {"aten.relu.default": 1}
     # ... and says why, in one line per op
     (line,) = [l for l in capsys.readouterr().err.splitlines() if " on the CPU: " in l]
     assert line.startswith("kiln: aten.relu.default x1 on the CPU: 'aten_relu_default': ")
-    assert "dynamic shape [s" in line and "static shapes" in line
+    assert "dynamic shape [s" in line and "give each torch.export Dim a max" in line
 
 
 def test_bad_compile_spec_in_preprocess():

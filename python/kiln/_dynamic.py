@@ -1,0 +1,231 @@
+"""Dynamic shapes: a partition whose inputs carry torch.export Dims.
+
+Kiln's engines have static shapes (every size a constant in the generated
+kernels and library descriptors, which is where the batch-1 speed comes
+from). A dynamic partition is therefore compiled once per *shape variant*:
+each symbol (torch.export's s0, s1, ...) takes each of its bucket sizes
+(``shape_buckets``, default the range's min, max and the powers of two
+between), and the engines go into one delegate blob, a variant set
+(src/engine_format/variant_set.h) that also holds the symbols' ranges and
+which input dim each symbol is. At execute the delegate runs the variant
+whose sizes equal the inputs' and refuses any other size with
+InvalidArgument naming the input, the dim and the sizes it has.
+
+Cost (docs/design_llm.md, "Dynamic shapes"): export time and the blob grow
+with the number of variants (weights are named data, stored once); load
+time grows by one algorithm choice per GEMM per variant; each variant gets
+its own activation arena and CUDA graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from . import _fx_nodes
+from ._native import CompileError, native
+
+# The variant set's bound (engine_format/variant_set.h kMaxVariants).
+MAX_VARIANTS = 64
+
+
+@dataclass
+class ShapeModel:
+    """The symbols of a program's user inputs and where they are."""
+
+    symbols: list[tuple[str, int, int]] = field(default_factory=list)  # (name, min, max)
+    bindings: list[tuple[int, int, int]] = field(default_factory=list)  # (input, dim, symbol index)
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.symbols)
+
+    def describe(self, symbol: int) -> str:
+        name, lo, hi = self.symbols[symbol]
+        where = ", ".join(f"input {i} dim {d}" for i, d, s in self.bindings if s == symbol)
+        return f"{name} in [{lo}, {hi}] ({where})"
+
+
+def _user_inputs(program: ExportedProgram) -> list[torch.fx.Node]:
+    kinds = {spec.arg.name: spec.kind for spec in program.graph_signature.input_specs}
+    return [n for n in program.graph.nodes
+            if n.op == "placeholder" and kinds.get(n.name) == InputKind.USER_INPUT]
+
+
+def _range(program: ExportedProgram, symbol) -> tuple[int, int]:
+    for key, value_range in program.range_constraints.items():
+        if str(key) == symbol.name:
+            lo, hi = value_range.lower, value_range.upper
+            if not (getattr(lo, "is_integer", False) or isinstance(lo, int)):
+                break
+            if not getattr(hi, "is_finite", True) or str(hi) in ("oo", "int_oo"):
+                raise CompileError(f"dynamic dim {symbol.name} has no max (range [{lo}, {hi}]): give its "
+                                   "torch.export Dim a max, e.g. Dim('seq', min=1, max=512); Kiln compiles "
+                                   "one engine per size bucket inside the range")
+            return int(lo), int(hi)
+    raise CompileError(f"dynamic dim {symbol.name} has no range in the program's range_constraints")
+
+
+def shape_model(program: ExportedProgram) -> ShapeModel:
+    """The symbols that user-input dims are (a dim that is an expression such
+    as 2*s0 is derived, not bound); CompileError for a symbol without a
+    finite range or one that no input dim is on its own."""
+    model = ShapeModel()
+    index: dict[str, int] = {}
+    derived: set[str] = set()
+    for i, node in enumerate(_user_inputs(program)):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        for d, dim in enumerate(value.shape):
+            if not isinstance(dim, torch.SymInt):
+                continue
+            expr = dim.node.expr
+            if expr.is_Symbol:
+                if expr.name not in index:
+                    index[expr.name] = len(model.symbols)
+                    model.symbols.append((expr.name, *_range(program, expr)))
+                model.bindings.append((i, d, index[expr.name]))
+            else:
+                derived.update(s.name for s in expr.free_symbols)
+    unbound = sorted(derived - set(index))
+    if unbound:
+        raise CompileError(f"dynamic dims {unbound} appear only inside size expressions of the inputs; Kiln binds "
+                           "each dynamic dim to an input dim that is that symbol alone")
+    return model
+
+
+def buckets(lo: int, hi: int, requested: tuple[int, ...]) -> list[int]:
+    """The sizes a symbol with range [lo, hi] is compiled for."""
+    if requested:
+        inside = sorted({b for b in requested if lo <= b <= hi})
+        if not inside:
+            raise CompileError(f"shape_buckets {list(requested)} has no size inside the dim's range [{lo}, {hi}]")
+        return inside
+    sizes = {lo, hi}
+    p = 1
+    while p <= hi:
+        if p >= lo:
+            sizes.add(p)
+        p *= 2
+    return sorted(sizes)
+
+
+def variants(model: ShapeModel, requested: tuple[int, ...]) -> list[dict[str, int]]:
+    """Each variant's {symbol name: size}: the product of the symbols' buckets."""
+    names = [name for name, _lo, _hi in model.symbols]
+    per_symbol = [buckets(lo, hi, requested) for _name, lo, hi in model.symbols]
+    count = 1
+    for sizes in per_symbol:
+        count *= len(sizes)
+    if count > MAX_VARIANTS:
+        raise CompileError(f"the dynamic dims give {count} shape variants ({', '.join(f'{n}: {len(s)}' for n, s in zip(names, per_symbol))}); "
+                           f"at most {MAX_VARIANTS}: pass fewer shape_buckets")
+    return [dict(zip(names, combo)) for combo in itertools.product(*per_symbol)]
+
+
+def representative(program: ExportedProgram) -> Optional[dict[str, int]]:
+    """The sizes the partitioner asks the compiler about (each symbol's max,
+    the largest variant); None for a static program or one whose dims have
+    no usable range (its nodes are then refused with that reason)."""
+    try:
+        model = shape_model(program)
+    except CompileError:
+        return None
+    return {name: hi for name, _lo, hi in model.symbols} if model.dynamic else None
+
+
+def is_size_constant(node: torch.fx.Node, is_constant: Callable[[torch.fx.Node], bool],
+                     memo: dict[torch.fx.Node, bool]) -> bool:
+    """True for a node each shape variant can compute at export: a
+    deterministic op (_constant_fold's rules) whose tensor inputs are
+    constants or such nodes, reading at least one size (aten.sym_size) or
+    such node. A causal mask built from arange/full over the dynamic length
+    is one; a weight's transpose (constants only) is not: the compiler takes
+    that itself. Static programs fold these before partitioning
+    (_constant_fold.py); a dynamic program's sizes are known per variant."""
+    if node in memo:
+        return memo[node]
+    from ._constant_fold import foldable_target
+
+    memo[node] = False  # a cycle cannot happen in a graph; this bounds recursion on bad input
+    if node.op != "call_function" or _fx_nodes.is_size_node(node) or not foldable_target(node):
+        return False
+    reads_size = False
+    for source in node.all_input_nodes:
+        if _fx_nodes.is_size_node(source):
+            reads_size = True
+        elif source.op == "call_function" and is_size_constant(source, is_constant, memo):
+            reads_size = True
+        elif not is_constant(source):
+            return False
+    memo[node] = reads_size
+    return reads_size
+
+
+@dataclass
+class BuiltProgram:
+    """A partition built for each of its shape variants."""
+
+    model: ShapeModel
+    variants: list[tuple[dict[str, int], object]]  # (sizes, graph_builder.BuiltGraph)
+    key: str
+
+    @property
+    def exact(self) -> bool:
+        return all(built.exact for _sizes, built in self.variants)
+
+    @property
+    def node_ops(self) -> list[tuple[str, str]]:
+        return self.variants[0][1].node_ops
+
+
+def build_program(program: ExportedProgram, build: Callable[[], object], requested: tuple[int, ...]) -> BuiltProgram:
+    """`build()` (graph_builder.build on `program`) once per shape variant;
+    a static program is built once, under its own key."""
+    model = shape_model(program)
+    if not model.dynamic:
+        built = build()
+        return BuiltProgram(model, [({}, built)], built.key)
+    built_variants = []
+    key = hashlib.sha256(repr(model.symbols).encode() + repr(model.bindings).encode())
+    for sizes in variants(model, requested):
+        with _fx_nodes.specialized(sizes):
+            built = build()
+        built_variants.append((sizes, built))
+        key.update(f"{sorted(sizes.items())}={built.key}\n".encode())
+    return BuiltProgram(model, built_variants, key.hexdigest())
+
+
+def compile_program(built: BuiltProgram, compile_one: Callable[[object], bytes]) -> bytes:
+    """One engine for a static program; for a dynamic one, a variant set of
+    one engine per variant."""
+    if not built.model.dynamic:
+        return compile_one(built.variants[0][1])
+    engines = [compile_one(graph) for _sizes, graph in built.variants]
+    names = [name for name, _lo, _hi in built.model.symbols]
+    values = [[sizes[name] for name in names] for sizes, _graph in built.variants]
+    return native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines)
+
+
+def externalize_weights(blob: bytes, prefix: str) -> tuple[bytes, list[tuple[str, str, bytes]]]:
+    """native().externalize_weights for one engine or every engine of a
+    variant set (which share their weights: each key is kept once)."""
+    if not native().is_variant_set(blob):
+        return native().externalize_weights(blob, prefix)
+    parts = native().unpack_variant_set(blob)
+    engines, entries, seen = [], [], set()
+    for engine in parts["engines"]:
+        moved, named = native().externalize_weights(engine, prefix)
+        engines.append(moved)
+        for key, name, data in named:
+            if key not in seen:
+                seen.add(key)
+                entries.append((key, name, data))
+    return native().pack_variant_set(parts["symbols"], parts["bindings"], parts["values"], engines), entries

@@ -1,0 +1,151 @@
+"""Dynamic shapes on the CPU side: a program exported with torch.export Dims
+becomes one engine per shape bucket in one delegate blob (a variant set,
+python/kiln/_dynamic.py), with the sizes, the range and the input dims the
+delegate picks a variant by. The GPU side (running the variants against
+PyTorch, refusing other sizes) is tests/gpu/dynamic_shapes_test.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+import kiln
+from kiln import _dynamic
+from kiln._native import native
+from kiln.inspect import delegate_blobs, describe, inspect_pte
+
+pytestmark = pytest.mark.needs_compiler
+
+
+class TableMix(torch.nn.Module):
+    """Size ops on the dynamic length: a view, a gather, the last row."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 32)
+        self.register_buffer("table", torch.randn(64, 32))
+
+    def forward(self, x, pos):
+        t = x.shape[1]
+        y = self.proj(x).view(1, t, 4, 8).transpose(1, 2).reshape(1, t, 32)
+        return torch.softmax(y + self.table[pos][None], -1)[:, -1]
+
+
+class Causal(torch.nn.Module):
+    """Causal attention: its mask (arange/full over the length) is computed per variant."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, 2, 16).transpose(1, 2) for z in self.qkv(x).split(d, dim=-1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+
+
+def export_table_mix(lo=8, hi=64):
+    seq = Dim("seq", min=lo, max=hi)
+    return torch.export.export(TableMix().eval(), (torch.randn(1, 8, 16), torch.arange(8)),
+                               dynamic_shapes=({1: seq}, {0: seq}))
+
+
+def variant_set(path):
+    blobs = [d["blob"] for d in delegate_blobs(path.read_bytes(), path)]
+    assert len(blobs) == 1
+    assert native().is_variant_set(blobs[0])
+    return native().unpack_variant_set(blobs[0])
+
+
+def test_default_buckets_are_the_range_ends_and_powers_of_two():
+    assert _dynamic.buckets(1, 512, ()) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert _dynamic.buckets(3, 100, ()) == [3, 4, 8, 16, 32, 64, 100]
+    assert _dynamic.buckets(8, 64, (1, 8, 40, 600)) == [8, 40]
+    with pytest.raises(kiln.CompileError, match=r"no size inside the dim's range \[8, 64\]"):
+        _dynamic.buckets(8, 64, (1, 100))
+
+
+def test_one_engine_per_bucket_in_one_delegate(tmp_path, capsys):
+    compiled = kiln.compile(export_table_mix(), target_sms=[90])
+    assert compiled.summary.ops_left == 0
+    path = tmp_path / "dyn.pte"
+    kiln.save(compiled, path)
+    parts = variant_set(path)
+    (name, lo, hi), = parts["symbols"]
+    assert (lo, hi) == (8, 64)
+    assert sorted(parts["bindings"]) == [(0, 1, 0), (1, 0, 0)]  # x dim 1 and pos dim 0 are the same length
+    assert [v[0] for v in parts["values"]] == [8, 16, 32, 64]
+    for (size,), engine in zip(parts["values"], parts["engines"]):
+        info = native().inspect_engine(engine)
+        shapes = [info["tensors"][i]["shape"] for i in info["inputs"]]
+        assert shapes == [[1, size, 16], [size]]
+        assert [info["tensors"][i]["shape"] for i in info["outputs"]] == [[1, 32]]
+    report = describe(inspect_pte(path))
+    assert f"dynamic shapes, 4 variants" in report and f"{name} in [8, 64] at input 0 dim 1, input 1 dim 0" in report
+    assert "variant 4/4 (" + name + "=64)" in report
+
+
+def test_variants_share_one_copy_of_the_weights(tmp_path):
+    compiled = kiln.compile(export_table_mix(), target_sms=[90], shape_buckets=[8, 24, 64])
+    path = tmp_path / "dyn.pte"
+    kiln.save(compiled, path)
+    parts = variant_set(path)
+    assert [v[0] for v in parts["values"]] == [8, 24, 64]
+    info = inspect_pte(path)
+    keys = [{n["key"] for n in e["named_weights"]} for e in info["engines"]]
+    assert len(keys) == 3 and keys[0] == keys[1] == keys[2] and keys[0]
+    assert info["named_data"]["in_file"]["entries"] == len(keys[0])  # stored once
+
+
+def test_causal_mask_over_the_length_is_computed_per_variant(tmp_path):
+    seq = Dim("seq", min=2, max=32)
+    program = torch.export.export(Causal().eval(), (torch.randn(1, 8, 32),), dynamic_shapes=({1: seq},))
+    compiled = kiln.compile(program, target_sms=[90], shape_buckets=[4, 32])
+    assert compiled.summary.ops_left == 0, compiled.summary.line()
+    path = tmp_path / "causal.pte"
+    kiln.save(compiled, path)
+    assert [v[0] for v in variant_set(path)["values"]] == [4, 32]
+
+
+def test_shape_buckets_is_an_option_that_round_trips():
+    options = kiln._options.validate_options(shape_buckets=[64, 1, 8])
+    assert options.shape_buckets == (1, 8, 64)
+    specs = {s.key: bytes(s.value) for s in options.to_compile_specs()}
+    assert specs["shape_buckets"] == b"1,8,64"
+    assert kiln._options.KilnOptions.from_compile_specs(options.to_compile_specs()) == options
+    with pytest.raises(TypeError, match="shape_buckets"):
+        kiln._options.validate_options(shape_buckets=[0, 4])
+
+
+def test_too_many_variants_leaves_the_nodes_to_the_cpu_with_the_reason(capsys):
+    class TwoDims(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    a, b = Dim("a", min=1, max=512), Dim("b", min=1, max=512)
+    program = torch.export.export(TwoDims(), (torch.randn(4, 4),), dynamic_shapes=({0: a, 1: b},))
+    compiled = kiln.compile(program, target_sms=[90])  # 9 x 9 buckets (2..512): over the bound
+    assert compiled.summary.ops_left > 0
+    err = capsys.readouterr().err
+    assert "81 shape variants" in err and "at most 64: pass fewer shape_buckets" in err
+    assert "aten.relu.default" in err.splitlines()[-1], "relu is left to the CPU, not aborted"
+
+
+def test_unbounded_dim_is_left_to_the_cpu_with_the_reason(capsys):
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    program = torch.export.export(Double(), (torch.randn(4, 8),), dynamic_shapes=({0: Dim("batch")},))
+    compiled = kiln.compile(program, target_sms=[90])
+    assert compiled.summary.ops_left > 0
+    assert "max" in capsys.readouterr().err
+
+
+def test_variant_set_blob_refuses_inconsistent_input():
+    with pytest.raises(ValueError, match="outside"):
+        native().pack_variant_set([("s0", 1, 8)], [(0, 0, 0)], [[9]], [b"x" * 16])
+    with pytest.raises(ValueError, match="variant set"):
+        native().unpack_variant_set(b"KILNVSET" + b"\0" * 3)
