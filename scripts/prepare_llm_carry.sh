@@ -3,6 +3,8 @@
 # (each call there carries at most 64 MiB), with this checkout's compiler:
 #   $carry/llm/fp32   small Llama (7.9M), float32, logits, HF greedy reference,
 #                     weights as a recipe rebuilt from the seed on the GPU machine
+#   $carry/llm/fp32_dynamic  the same with a dynamic prompt length (prefill
+#                     compiled per size 2..64; a 37-token prompt in chunks)
 #   $carry/llm/fp16   the same in float16, weights inside the .pte (xz)
 #   $carry/llm_bench  (with --bench) the 410M benchmark model, bfloat16,
 #                     prompt 512 + 256 new tokens, weights as a recipe;
@@ -26,6 +28,15 @@ python3 "$weights" pack --ptd "$work/fp32/llama_small_float32.ptd" --size small 
   --out "$carry/llm/fp32/recipe"
 cp "$work"/fp32/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
   "$carry/llm/fp32/"
+
+echo "== small, float32, dynamic prompt length (37 tokens as chunks 32 + 4 + 1) -> $carry/llm/fp32_dynamic"
+rm -rf "$carry/llm/fp32_dynamic" && mkdir -p "$carry/llm/fp32_dynamic"
+python3 "$export_llama" --size small --dtype float32 --prompt-len 37 --prefill-max 64 --logits --reference \
+  --external-weights --out "$work/fp32_dynamic"
+python3 "$weights" pack --ptd "$work/fp32_dynamic/llama_small_float32.ptd" --size small --dtype float32 \
+  --out "$carry/llm/fp32_dynamic/recipe"
+cp "$work"/fp32_dynamic/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
+  "$carry/llm/fp32_dynamic/"
 
 echo "== small, float16 -> $carry/llm/fp16"
 rm -rf "$carry/llm/fp16" && mkdir -p "$carry/llm/fp16"

@@ -1,5 +1,6 @@
 """Exports a Llama-architecture model for examples/llm_generate: one .pte with
-two methods, `prefill` (the prompt, static length) and `decode` (one token),
+two methods, `prefill` (the prompt: a fixed length, or with --prefill-max a
+dynamic one, compiled per size bucket) and `decode` (one token),
 sharing weights and the KV cache (engine state on the GPU), plus the
 constant methods `get_max_seq_len` and `get_prompt_len` that the C++ loop
 reads. With --reference it also runs Hugging Face's greedy generation on the
@@ -36,6 +37,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(HERE))
 import kiln  # noqa: E402
+from kiln import _dynamic  # noqa: E402
 from llama_kv import DEFAULT_SEED, SIZES, KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -46,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--prefill-max", type=int, default=None,
+                   help="export `prefill` with a dynamic prompt length (a torch.export Dim in [2, N]): one "
+                        "engine per size 2, 4, 8, ..., N (get_prefill_sizes); llm_generate feeds any prompt "
+                        "as chunks of those sizes (a last single token through `decode`). Default: the "
+                        "prompt length is fixed at --prompt-len")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--max-len", type=int, default=None,
                    help="KV cache length (default: prompt + new tokens, rounded up to 64)")
@@ -63,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--prompt-len and --new-tokens must be >= 1")
     if args.max_len is None:
         args.max_len = (args.prompt_len + args.new_tokens + 63) // 64 * 64
+    if args.prefill_max is not None and args.prefill_max < 2:
+        p.error("--prefill-max must be >= 2")
     if args.max_len < args.prompt_len + args.new_tokens:
         p.error(f"--max-len {args.max_len} is shorter than prompt + new tokens "
                 f"({args.prompt_len + args.new_tokens})")
@@ -86,8 +95,19 @@ def main(argv=None) -> None:
     model = KVLlama(lm, args.max_len, return_logits=args.logits).eval()
     p = args.prompt_len
     prompt = prompt_ids(size.vocab, p, args.seed)
+    constants = {"get_max_seq_len": args.max_len, "get_prompt_len": p, "get_vocab_size": size.vocab}
+    prefill_sizes = None
+    if args.prefill_max is None:
+        prefill = torch.export.export(model, (prompt, torch.arange(p)))
+    else:  # the prompt length is a Dim: one engine per size bucket
+        length = torch.export.Dim("prompt", min=2, max=args.prefill_max)
+        example = prompt_ids(size.vocab, max(p, 2), args.seed)
+        prefill = torch.export.export(model, (example, torch.arange(example.shape[1])),
+                                      dynamic_shapes=({1: length}, {0: length}))
+        prefill_sizes = _dynamic.buckets(2, args.prefill_max, ())
+        constants["get_prefill_sizes"] = prefill_sizes
     programs = {
-        "prefill": torch.export.export(model, (prompt, torch.arange(p))),
+        "prefill": prefill,
         "decode": torch.export.export(model, (prompt[:, :1], torch.tensor([p]))),
     }
     print(f"export_llama: {args.size} ({params / 1e6:.1f}M parameters, {args.dtype}), torch.export "
@@ -95,8 +115,7 @@ def main(argv=None) -> None:
     compiled = kiln.compile(
         programs, target_sms=[int(s) for s in args.target_sms.split(",")],
         use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
-        constant_methods={"get_max_seq_len": args.max_len, "get_prompt_len": p,
-                          "get_vocab_size": size.vocab})
+        shape_buckets=prefill_sizes, constant_methods=constants)
     if compiled.summary.ops_on_cpu:
         raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")
     pte = args.out / f"{stem}.pte"
@@ -108,7 +127,8 @@ def main(argv=None) -> None:
     (args.out / "prompt.txt").write_text(",".join(str(int(t)) for t in prompt[0]) + "\n")
     manifest = {"size": args.size, "config": asdict(size), "dtype": args.dtype, "seed": args.seed,
                 "parameters": params, "prompt_len": p, "new_tokens": args.new_tokens, "max_len": args.max_len,
-                "logits": args.logits, "pte": pte.name, "ptd": ptd.name if ptd else None}
+                "logits": args.logits, "pte": pte.name, "ptd": ptd.name if ptd else None,
+                "prefill_sizes": prefill_sizes}
     if args.reference:
         ref_lm = build_hf(args.size, args.seed, torch.float32)
         tokens = hf_greedy(ref_lm, prompt, args.new_tokens)

@@ -10,7 +10,9 @@
 // Each method takes (tokens int64 [1, T], positions int64 [T]) and returns
 // the next token (int64 [1], argmax on the GPU) and, when exported with
 // --logits, the logits [1, vocab]. `prefill` runs the prompt (its length is
-// fixed at export: the constant method get_prompt_len), then `decode` runs
+// fixed at export: the constant method get_prompt_len; or, exported with
+// --prefill-max, any length, in chunks of the sizes get_prefill_sizes lists,
+// one engine each), then `decode` runs
 // once per new token at the next position, up to get_max_seq_len.
 //
 // Prints the time to first token (the prefill call, host to host), decode
@@ -133,6 +135,21 @@ bool read_file(const std::string& path, std::string* text) {
   return true;
 }
 
+// The sizes `prefill` was compiled for (get_prefill_sizes, a program exported
+// with a dynamic prompt length); empty when the method is absent (a fixed
+// prompt length, get_prompt_len).
+std::vector<int64_t> prefill_sizes(Module& m) {
+  std::vector<int64_t> sizes;
+  auto names = m.method_names();
+  if (!names.ok() || names->count("get_prefill_sizes") == 0) return sizes;
+  auto out = m.execute("get_prefill_sizes");
+  if (!out.ok()) return sizes;
+  for (const et::EValue& v : *out)
+    if (v.isInt()) sizes.push_back(v.toInt());
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
 // An int constant method (get_max_seq_len, ...) of the program.
 bool constant(Module& m, const char* name, int64_t* value) {
   auto out = m.execute(name);
@@ -181,8 +198,10 @@ class Generator {
  public:
   Generator(Module& m, FILE* logits_out) : module_(m), logits_out_(logits_out) {}
 
-  // Runs `method` on tokens at positions; the next token in *next.
-  bool step(const char* method, std::vector<int64_t> tokens, std::vector<int64_t> positions, int64_t* next) {
+  // Runs `method` on tokens at positions; the next token in *next. Logits
+  // are written when `record` (a prompt's last chunk, every decode step).
+  bool step(const char* method, std::vector<int64_t> tokens, std::vector<int64_t> positions, int64_t* next,
+            bool record = true) {
     const auto t = static_cast<executorch::aten::SizesType>(tokens.size());
     TensorPtr tok = executorch::extension::make_tensor_ptr({1, t}, std::move(tokens));
     TensorPtr pos = executorch::extension::make_tensor_ptr({t}, std::move(positions));
@@ -197,7 +216,7 @@ class Generator {
       return false;
     }
     *next = (*out)[0].toTensor().const_data_ptr<int64_t>()[0];
-    if (logits_out_ != nullptr && out->size() > 1 && (*out)[1].isTensor()) {
+    if (record && logits_out_ != nullptr && out->size() > 1 && (*out)[1].isTensor()) {
       const auto& lg = (*out)[1].toTensor();
       row_.resize(static_cast<size_t>(lg.numel()));
       for (size_t i = 0; i < row_.size(); ++i) row_[i] = to_float(lg, i);
@@ -242,11 +261,18 @@ int main(int argc, char** argv) {
   } else if (!parse_ids(text, "prompt", &prompt)) {
     return 2;
   }
-  if (static_cast<int64_t>(prompt.size()) != prompt_len) {
+  const std::vector<int64_t> chunk_sizes = prefill_sizes(module);
+  if (chunk_sizes.empty() && static_cast<int64_t>(prompt.size()) != prompt_len) {
     std::fprintf(stderr, "llm_generate: the prompt has %zu tokens; this program's prefill takes exactly %lld "
-                         "(get_prompt_len)\n", prompt.size(), static_cast<long long>(prompt_len));
+                         "(get_prompt_len; export with --prefill-max for any length)\n", prompt.size(),
+                 static_cast<long long>(prompt_len));
     return 2;
   }
+  if (prompt.empty()) {
+    std::fprintf(stderr, "llm_generate: the prompt is empty\n");
+    return 2;
+  }
+  prompt_len = static_cast<int64_t>(prompt.size());
   if (prompt_len + flags.new_tokens > max_len) {
     std::fprintf(stderr, "llm_generate: %lld prompt + %d new tokens exceed the KV cache of %lld positions "
                          "(get_max_seq_len)\n", static_cast<long long>(prompt_len), flags.new_tokens,
@@ -287,7 +313,20 @@ int main(int argc, char** argv) {
     tokens.clear();
     int64_t next = 0;
     const auto t0 = clock::now();
-    if (!gen.step("prefill", prompt, positions, &next)) return 1;
+    // A dynamic prefill runs the prompt in chunks of its compiled sizes,
+    // largest first (each chunk's cache writes are the next chunk's keys);
+    // a last single token goes through `decode`, which takes one.
+    for (size_t at = 0; at < prompt.size();) {
+      const size_t left = prompt.size() - at;
+      size_t chunk = chunk_sizes.empty() ? left : 1;
+      for (int64_t s : chunk_sizes)
+        if (static_cast<size_t>(s) <= left) chunk = static_cast<size_t>(s);
+      const char* method = chunk == 1 && !chunk_sizes.empty() && chunk_sizes.front() > 1 ? "decode" : "prefill";
+      std::vector<int64_t> part(prompt.begin() + at, prompt.begin() + at + chunk);
+      std::vector<int64_t> where(positions.begin() + at, positions.begin() + at + chunk);
+      if (!gen.step(method, std::move(part), std::move(where), &next, at + chunk == prompt.size())) return 1;
+      at += chunk;
+    }
     const auto t1 = clock::now();
     tokens.push_back(next);
     if (last) before = read_counters();
@@ -318,8 +357,19 @@ int main(int argc, char** argv) {
   const int steps = flags.new_tokens - 1;
   std::printf("tokens:");
   for (int64_t t : tokens) std::printf(" %lld", static_cast<long long>(t));
-  std::printf("\ntime to first token: %.3f ms (prefill of %lld tokens; median of %d)\n", ttft_ms,
-              static_cast<long long>(prompt_len), flags.runs);
+  std::string chunks;
+  if (!chunk_sizes.empty()) {
+    for (size_t left = prompt.size(); left > 0;) {
+      size_t chunk = 1;
+      for (int64_t s : chunk_sizes)
+        if (static_cast<size_t>(s) <= left) chunk = static_cast<size_t>(s);
+      chunks += (chunks.empty() ? "" : " + ") + std::to_string(chunk);
+      left -= chunk;
+    }
+    chunks = " in chunks " + chunks;
+  }
+  std::printf("\ntime to first token: %.3f ms (prefill of %lld tokens%s; median of %d)\n", ttft_ms,
+              static_cast<long long>(prompt_len), chunks.c_str(), flags.runs);
   if (steps > 0) {
     std::printf("decode: %d tokens in %.3f ms: %.1f tokens/s (%.3f ms/token; median of %d)\n", steps,
                 decode_s * 1e3, steps / decode_s, decode_s * 1e3 / steps, flags.runs);
