@@ -28,6 +28,7 @@ def export(
     model_id: str | None = None,
     constant_methods: dict[str, Any] | None = None,
     overlap_launches: bool = True,
+    shape_buckets: Sequence[int] | None = None,
 ) -> EdgeProgramManager:
     """Lowers `exported_program` (one ExportedProgram, or a dict method name
     -> ExportedProgram for a multi-method program) with KilnPartitioner; same
@@ -38,4 +39,5 @@ def export(
                       min_block_size, target_sms, use_cuda_graphs, conv_gemm=conv_gemm,
                       depthwise_kernels=depthwise_kernels, debug_dir=debug_dir,
                       model_id=model_id, constant_methods=constant_methods,
-                      gemv_kernels=gemv_kernels, overlap_launches=overlap_launches).edge_program_manager
+                      gemv_kernels=gemv_kernels, overlap_launches=overlap_launches,
+                      shape_buckets=shape_buckets).edge_program_manager
