@@ -1,7 +1,9 @@
 // Loading and running a method: inputs checked against the signature before
 // anything is loaded (so a wrong tensor is named even without a GPU), then
 // ExecuTorch's Method driven directly. Nothing is allocated on the success
-// path of set_input / set_output / execute / output.
+// path of set_input / set_output / execute / output, except a new view of an
+// input whose shape changed (a program exported with dynamic shapes).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -45,7 +47,12 @@ kiln_status check_tensor(const MethodState& ms, const char* what, size_t index, 
   bool same = t->dtype == s.dtype && static_cast<size_t>(t->ndim) == s.shape.size() &&
               t->device_type == s.device_type &&
               (s.device_type != KILN_DEVICE_CUDA || t->device_index == s.device_index);
-  for (int32_t d = 0; same && d < t->ndim; ++d) same = t->shape[d] == s.shape[d];
+  // An input may be smaller than the signature's shape: a program exported
+  // with dynamic shapes plans each input at its largest size (ExecuTorch
+  // refuses to resize a static one; Kiln names a size it has no engine for).
+  const bool input = std::strcmp(what, "input") == 0;
+  for (int32_t d = 0; same && d < t->ndim; ++d)
+    same = input ? t->shape[d] >= 0 && t->shape[d] <= s.shape[d] : t->shape[d] == s.shape[d];
   if (!same) {
     std::string hint;
     if (t->device_type != s.device_type)
@@ -63,6 +70,21 @@ kiln_status check_tensor(const MethodState& ms, const char* what, size_t index, 
     return fail(KILN_ERROR_INVALID_ARGUMENT, ms.where(what, index) + "CUDA memory must be 256-byte aligned (as cudaMalloc "
                                                  "returns it); this pointer is not (a view at an offset?)");
   return ok();
+}
+
+// Points input slot `s` at a tensor of the caller's (smaller, dynamic) shape:
+// contiguous strides and a new TensorImpl over them; only when the shape
+// changes from the last call.
+void reshape_input(IoSlot& s, const kiln_tensor* t) {
+  executorch::aten::StridesType stride = 1;
+  for (size_t d = s.sizes.size(); d-- > 0;) {
+    s.sizes[d] = static_cast<executorch::aten::SizesType>(t->shape[d]);
+    s.strides[d] = stride;
+    stride *= s.sizes[d];
+  }
+  s.impl = std::make_unique<executorch::aten::TensorImpl>(
+      s.impl->scalar_type(), static_cast<ssize_t>(s.sizes.size()), s.sizes.data(), nullptr, s.dim_order.data(),
+      s.strides.data(), executorch::aten::TensorShapeDynamism::STATIC, s.impl->device_type(), s.impl->device_index());
 }
 
 // Allocates the method's own buffer for an output the program leaves to the
@@ -149,6 +171,7 @@ kiln_status kiln_method_set_input(kiln_method* method, size_t index, const kiln_
   IoSlot& s = ms.inputs[index];
   if (kiln_status status = check_tensor(ms, "input", index, s, tensor); status != KILN_OK) return status;
   if (kiln_status status = load(ms); status != KILN_OK) return status;
+  if (!std::equal(s.sizes.begin(), s.sizes.end(), tensor->shape)) reshape_input(s, tensor);
   s.impl->set_data(tensor->data);
   et::Error error = ms.method->set_input(et::EValue(executorch::aten::Tensor(s.impl.get())), index);
   if (error != et::Error::Ok)

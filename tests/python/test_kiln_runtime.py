@@ -169,6 +169,34 @@ def test_wrong_count_dtype_shape(cpu_pte, kiln_ptes):
             method.execute([torch.zeros(shape[::-1]).T] + [good] * (len(method.inputs) - 1))
 
 
+def test_dynamic_program_takes_each_size_up_to_its_planned_one(tmp_path, cpu_pte, library):
+    """A program exported with a Dim plans its inputs at the largest size; any
+    size in the range runs (here on ExecuTorch's CPU kernels: the Kiln
+    variants of such a program run in tests/gpu/dynamic_shapes_test.py), a
+    static program refuses a smaller input."""
+    from executorch.exir import to_edge
+
+    rows = torch.export.Dim("rows", min=2, max=16)
+    program = torch.export.export(AddAndReduce(), (torch.randn(5, 4), torch.randn(5, 4)),
+                                  dynamic_shapes=({0: rows}, {0: rows}))
+    path = tmp_path / "dynamic.pte"
+    path.write_bytes(to_edge(program).to_executorch().buffer)
+    method = kr.Program(path).method()
+    assert method.inputs[0].shape == (16, 4)  # planned at the max
+    for n in (16, 3, 9, 3):
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        got = method.execute([x.numpy(), y.numpy()])
+        want = AddAndReduce()(x, y)
+        assert [g.shape for g in got] == [(n, 4), (n,)]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(kr.KilnRuntimeError, match=r"input 0: expected float32 \[16, 4\].*got float32 \[17, 4\]"):
+        method.execute([np.zeros((17, 4), np.float32), np.zeros((17, 4), np.float32)])
+    static = kr.Program(cpu_pte).method()
+    with pytest.raises(kr.KilnRuntimeError, match="input 0: ExecuTorch refused it"):
+        static.execute([np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)])
+
+
 def test_host_input_to_device_resident_program(kiln_ptes):
     method = kr.Program(kiln_ptes[1]).method()
     with pytest.raises(kr.KilnRuntimeError, match=r"input 0: expected float32 \[8, 64\] on CUDA device 0, got "

@@ -145,8 +145,10 @@ KILN_C_API int kiln_method_uses_kiln(const kiln_method* method);
  * method uses Kiln and there is no usable GPU. */
 KILN_C_API kiln_status kiln_method_load(kiln_method* method);
 
-/* Sets input `index`. The tensor must match the method's dtype, shape and
- * device exactly. Host data is copied into the method's memory now when the
+/* Sets input `index`. The tensor must match the method's dtype, rank and
+ * device exactly; each dim may be smaller than the signature's (a program
+ * exported with dynamic shapes plans its inputs at their largest size; a
+ * static program refuses a smaller one when it is set). Host data is copied into the method's memory now when the
  * program plans memory for the input, otherwise (device-resident inputs) the
  * pointer itself is used: the memory must stay valid until
  * kiln_method_execute returns. CUDA pointers must be 256-byte aligned (the
