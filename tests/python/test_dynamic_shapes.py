@@ -6,6 +6,9 @@ PyTorch, refusing other sizes) is tests/gpu/dynamic_shapes_test.py."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,21 +19,10 @@ from kiln import _dynamic
 from kiln._native import native
 from kiln.inspect import delegate_blobs, describe, inspect_pte
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from export_dynamic_shapes import TableMix  # noqa: E402  (the GPU test's model)
+
 pytestmark = pytest.mark.needs_compiler
-
-
-class TableMix(torch.nn.Module):
-    """Size ops on the dynamic length: a view, a gather, the last row."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj = torch.nn.Linear(16, 32)
-        self.register_buffer("table", torch.randn(64, 32))
-
-    def forward(self, x, pos):
-        t = x.shape[1]
-        y = self.proj(x).view(1, t, 4, 8).transpose(1, 2).reshape(1, t, 32)
-        return torch.softmax(y + self.table[pos][None], -1)[:, -1]
 
 
 class Causal(torch.nn.Module):
