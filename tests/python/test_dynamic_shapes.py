@@ -141,3 +141,30 @@ def test_variant_set_blob_refuses_inconsistent_input():
         native().pack_variant_set([("s0", 1, 8)], [(0, 0, 0)], [[9]], [b"x" * 16])
     with pytest.raises(ValueError, match="variant set"):
         native().unpack_variant_set(b"KILNVSET" + b"\0" * 3)
+
+
+def test_two_dynamic_dims_give_every_combination(tmp_path):
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.softmax(self.fc(x), dim=1)
+
+    batch, seq = Dim("batch", min=1, max=4), Dim("seq", min=2, max=16)
+    program = torch.export.export(Scale().eval(), (torch.randn(2, 4, 8),), dynamic_shapes=({0: batch, 1: seq},))
+    compiled = kiln.compile(program, target_sms=[90], shape_buckets=[2, 4, 16])
+    assert compiled.summary.ops_left == 0, compiled.summary.line()
+    path = tmp_path / "two.pte"
+    kiln.save(compiled, path)
+    parts = variant_set(path)
+    assert len(parts["symbols"]) == 2
+    by_name = {name: k for k, (name, _lo, _hi) in enumerate(parts["symbols"])}
+    dims = {d: s for _i, d, s in parts["bindings"]}
+    b, t = dims[0], dims[1]
+    assert {(v[b], v[t]) for v in parts["values"]} == {(x, y) for x in (2, 4) for y in (2, 4, 16)}
+    for values, engine in zip(parts["values"], parts["engines"]):
+        info = native().inspect_engine(engine)
+        assert info["tensors"][info["inputs"][0]]["shape"] == [values[b], values[t], 8]
+    assert set(by_name) == {parts["symbols"][b][0], parts["symbols"][t][0]}
