@@ -171,46 +171,60 @@ def is_size_constant(node: torch.fx.Node, is_constant: Callable[[torch.fx.Node],
 
 @dataclass
 class BuiltProgram:
-    """A partition built for each of its shape variants."""
+    """A partition built for each of its shape variants. Only a static
+    program keeps its graph: a dynamic one is rebuilt variant by variant when
+    it is compiled, so one variant's graph (with its copy of the weights) is
+    in memory at a time, whatever the number of variants."""
 
     model: ShapeModel
-    variants: list[tuple[dict[str, int], object]]  # (sizes, graph_builder.BuiltGraph)
+    sizes: list[dict[str, int]]  # per variant ({} for a static program)
     key: str
-
-    @property
-    def exact(self) -> bool:
-        return all(built.exact for _sizes, built in self.variants)
-
-    @property
-    def node_ops(self) -> list[tuple[str, str]]:
-        return self.variants[0][1].node_ops
+    exact: bool
+    node_ops: list[tuple[str, str]]
+    build_variant: Callable[[dict[str, int]], object]
+    graph: object = None  # the static program's graph_builder.BuiltGraph
 
 
 def build_program(program: ExportedProgram, build: Callable[[], object], requested: tuple[int, ...]) -> BuiltProgram:
-    """`build()` (graph_builder.build on `program`) once per shape variant;
-    a static program is built once, under its own key."""
+    """`build()` (graph_builder.build on `program`) once per shape variant,
+    for the key; a static program is built once, under its own key."""
     model = shape_model(program)
+
+    def build_variant(sizes: dict[str, int]):
+        with _fx_nodes.specialized(sizes):
+            return build()
+
     if not model.dynamic:
         built = build()
-        return BuiltProgram(model, [({}, built)], built.key)
-    built_variants = []
+        return BuiltProgram(model, [{}], built.key, built.exact, built.node_ops, lambda _sizes: built, built)
     key = hashlib.sha256(repr(model.symbols).encode() + repr(model.bindings).encode())
-    for sizes in variants(model, requested):
-        with _fx_nodes.specialized(sizes):
-            built = build()
-        built_variants.append((sizes, built))
+    exact, node_ops = True, []
+    all_sizes = variants(model, requested)
+    for sizes in all_sizes:
+        built = build_variant(sizes)
         key.update(f"{sorted(sizes.items())}={built.key}\n".encode())
-    return BuiltProgram(model, built_variants, key.hexdigest())
+        exact = exact and built.exact
+        node_ops = node_ops or built.node_ops
+        del built
+    return BuiltProgram(model, all_sizes, key.hexdigest(), exact, node_ops, build_variant)
 
 
-def compile_program(built: BuiltProgram, compile_one: Callable[[object], bytes]) -> bytes:
+def compile_program(built: BuiltProgram, compile_one: Callable[[object], bytes], weights_prefix: str = "") -> bytes:
     """One engine for a static program; for a dynamic one, a variant set of
-    one engine per variant."""
+    one engine per variant, built and compiled one at a time. With a
+    weights prefix (kiln.compile's named weights), every variant but the
+    first names its weights at once: they are the first's (content keys), so
+    the blob holds one inline copy, which preprocess moves to named data."""
     if not built.model.dynamic:
-        return compile_one(built.variants[0][1])
-    engines = [compile_one(graph) for _sizes, graph in built.variants]
+        return compile_one(built.graph)
+    engines = []
+    for index, sizes in enumerate(built.sizes):
+        engine = compile_one(built.build_variant(sizes))
+        if index > 0 and weights_prefix:
+            engine, _entries = native().externalize_weights(engine, weights_prefix)
+        engines.append(engine)
     names = [name for name, _lo, _hi in built.model.symbols]
-    values = [[sizes[name] for name in names] for sizes, _graph in built.variants]
+    values = [[sizes[name] for name in names] for sizes in built.sizes]
     return native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines)
 
 

@@ -54,9 +54,11 @@ class KilnBackend(BackendDetails):
         engine = _trial.ENGINE_CACHE.take(engine_key(built.key, options))
         if engine is None:
             progress.partition(nodes)
-            logger.debug("kiln: partition graph:\n%s", built.variants[0][1].graph.describe())
+            if built.graph is not None:
+                logger.debug("kiln: partition graph:\n%s", built.graph.graph.describe())
             try:
-                engine = _dynamic.compile_program(built, lambda graph: _trial.compile_graph(graph, options, _progress))
+                engine = _dynamic.compile_program(built, lambda graph: _trial.compile_graph(graph, options, _progress),
+                                                  options.weights_prefix)
             except CompileError as e:
                 # Too late to fall back: the partition is fixed by now.
                 raise CompileError(
