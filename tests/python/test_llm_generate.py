@@ -126,3 +126,24 @@ def test_example_checks_inputs_then_needs_a_gpu(exported):
     assert ok.returncode == 3 and "needs an NVIDIA GPU" in ok.stderr
     usage = subprocess.run([str(BINARY), "--new_tokens", "0"], capture_output=True, text=True)
     assert usage.returncode == 2 and "--new_tokens '0' is not a count >= 1" in usage.stderr
+
+
+def test_dynamic_prefill_lists_its_sizes_and_takes_any_prompt_length(tmp_path):
+    """--prefill-max: `prefill` is one engine per size 2..16 (get_prefill_sizes);
+    llm_generate accepts a prompt of a length no engine has (it runs as chunks
+    on the GPU: tests/gpu/llm_generate_test.py checks the tokens there)."""
+    export_llama.main(["--size", "tiny", "--prompt-len", "11", "--prefill-max", "16", "--new-tokens", "4",
+                       "--out", str(tmp_path)])
+    pte = tmp_path / "llama_tiny_float32.pte"
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte)
+    assert program.load_method("get_prefill_sizes").execute([]) == [2, 4, 8, 16]
+    text = describe(inspect_pte(pte))
+    assert "dynamic shapes, 4 variants" in text
+    if not BINARY.exists():
+        pytest.fail(f"llm_generate not built at {BINARY}; run scripts/setup.sh (or set KILN_BUILD_DIR)")
+    run = subprocess.run([str(BINARY), "--model", str(pte), "--prompt", "5,6,7", "--new_tokens", "4"],
+                         capture_output=True, text=True)
+    assert "prompt 3 tokens" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == (0 if has_gpu() else 3), run.stderr
