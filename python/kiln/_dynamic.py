@@ -31,10 +31,6 @@ from torch.export.graph_signature import InputKind
 from . import _fx_nodes
 from ._native import CompileError, native
 
-# The variant set's bound (engine_format/variant_set.h kMaxVariants).
-MAX_VARIANTS = 64
-
-
 @dataclass
 class ShapeModel:
     """The symbols of a program's user inputs and where they are."""
@@ -45,11 +41,6 @@ class ShapeModel:
     @property
     def dynamic(self) -> bool:
         return bool(self.symbols)
-
-    def describe(self, symbol: int) -> str:
-        name, lo, hi = self.symbols[symbol]
-        where = ", ".join(f"input {i} dim {d}" for i, d, s in self.bindings if s == symbol)
-        return f"{name} in [{lo}, {hi}] ({where})"
 
 
 def _user_inputs(program: ExportedProgram) -> list[torch.fx.Node]:
@@ -124,9 +115,10 @@ def variants(model: ShapeModel, requested: tuple[int, ...]) -> list[dict[str, in
     count = 1
     for sizes in per_symbol:
         count *= len(sizes)
-    if count > MAX_VARIANTS:
+    limit = native().MAX_SHAPE_VARIANTS  # the variant set's bound (engine_format/variant_set.h)
+    if count > limit:
         raise CompileError(f"the dynamic dims give {count} shape variants ({', '.join(f'{n}: {len(s)}' for n, s in zip(names, per_symbol))}); "
-                           f"at most {MAX_VARIANTS}: pass fewer shape_buckets")
+                           f"at most {limit}: pass fewer shape_buckets")
     return [dict(zip(names, combo)) for combo in itertools.product(*per_symbol)]
 
 
