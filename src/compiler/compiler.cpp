@@ -183,7 +183,13 @@ class Lowering final : public ops::LowerContext {
       const passes::PlannedOp& op = plan_.ops[i];
       int op_index = static_cast<int>(i);
       std::vector<int> values = op.reads();
-      values.push_back(op.writes());
+      const std::vector<int> writes = op.all_writes();
+      values.insert(values.end(), writes.begin(), writes.end());
+      auto written = [&](int root) {
+        for (int w : writes)
+          if (w == root || plan_.storage_of(w) == root) return true;
+        return false;
+      };
       for (int v : values) {
         int root = plan_.storage_of(v);
         if (index_.count(root)) continue;
@@ -198,7 +204,7 @@ class Lowering final : public ops::LowerContext {
         }
         auto [it, fresh] = arena.try_emplace(root);
         if (fresh) {
-          if (v != op.writes() && plan_.storage_of(op.writes()) != root)
+          if (!written(root))
             throw CompileError("internal: '" + value.name + "' is read before any op writes it");
           it->second.nbytes = value.nbytes();
           it->second.first_op = op_index;
@@ -310,8 +316,10 @@ void check_plan_reads(const ir::Graph& graph, const passes::ExecPlan& plan) {
       throw CompileError("internal: step '" + op.label + "' reads " + graph.value(r).name +
                          ", which no earlier step writes (a compiler pass lost it)");
     }
-    ready.insert(op.writes());
-    ready.insert(plan.storage_of(op.writes()));
+    for (int w : op.all_writes()) {
+      ready.insert(w);
+      ready.insert(plan.storage_of(w));
+    }
   }
 }
 
@@ -358,6 +366,10 @@ const std::vector<Pass>& passes() {
       {"split_reductions",
        [](PassState& s, const CompileOptions&, engine::DType) {
          passes::split_reductions(s.graph, s.plan);
+       }},
+      {"group_launches",
+       [](PassState& s, const CompileOptions&, engine::DType) {
+         passes::group_launches(s.plan);
          check_plan_reads(s.graph, s.plan);
        }},
   };
@@ -369,7 +381,9 @@ std::string describe_plan(const ir::Graph& graph, const passes::ExecPlan& plan) 
   auto name = [&](int v) { return graph.value(v).name; };
   for (size_t i = 0; i < plan.ops.size(); ++i) {
     const ops::PlannedOp& op = plan.ops[i];
-    out << "step " << i << " " << op.label << ": " << name(op.writes()) << " <-";
+    out << "step " << i << " " << op.label << ":";
+    for (int w : op.all_writes()) out << " " << name(w);
+    out << " <-";
     for (int r : op.reads()) out << " " << name(r);
     out << "\n";
   }

@@ -12,8 +12,6 @@
 namespace kiln::ops {
 namespace {
 
-constexpr unsigned kRotaryBlock = 256;
-
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
 
 std::string check_rotary(const OpQuery& q) {
@@ -48,33 +46,24 @@ std::string rotary_value_code(const ir::Graph& g, int x, int cos, int sin, int x
   return s.str();
 }
 
-void RotaryPlan::lower(LowerContext& ctx, engine::Step& step) const {
+GridLoop RotaryPlan::grid_loop(LowerContext& ctx) const {
   const ir::Graph& g = ctx.graph();
-  const ir::Value& xv = g.value(x);
-  const ir::Value& cv = g.value(cos);
-  const ir::Value& sv = g.value(sin);
   const ir::Value& ov = g.value(out);
-  const int64_t n = ov.numel();
-  step.kind = engine::StepKind::kKernel;
-  engine::KernelStep& k = step.kernel;
-  k.function = ctx.kernel_name("kiln_rotary");
+  const int source = x_storage >= 0 ? x_storage : x;
   using codegen::storage_type;
-  std::ostringstream s;
-  s << "extern \"C\" __global__ void __launch_bounds__(" << kRotaryBlock << ") " << k.function << "(\n"
-    << "    " << storage_type(ov.dtype) << "* __restrict__ out, const " << storage_type(xv.dtype)
-    << "* __restrict__ x,\n    const " << storage_type(cv.dtype) << "* __restrict__ cs, const "
-    << storage_type(sv.dtype) << "* __restrict__ sn) {\n"
-    << "  const long long stride = (long long)gridDim.x * " << kRotaryBlock << ";\n"
-    << "  for (long long i = (long long)blockIdx.x * " << kRotaryBlock << " + threadIdx.x; i < " << ll(n)
-    << "; i += stride) {\n"
-    << rotary_value_code(g, x, cos, sin, x_storage, x_map, ov.shape, "    ")
-    << "    out[i] = " << codegen::store_expr(ov.dtype, "v") << ";\n"
-    << "  }\n}\n";
-  ctx.add_source(s.str());
-  k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (n + kRotaryBlock - 1) / kRotaryBlock), 65536));
-  k.block[0] = kRotaryBlock;
-  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(x_storage >= 0 ? x_storage : x), ctx.tensor_arg(cos),
-            ctx.tensor_arg(sin)};
+  GridLoop loop;
+  loop.count = ov.numel();
+  loop.params = {{std::string(storage_type(ov.dtype)) + "* __restrict__", "out", ctx.tensor_arg(out)},
+                 {std::string("const ") + storage_type(g.value(source).dtype) + "* __restrict__", "x", ctx.tensor_arg(source)},
+                 {std::string("const ") + storage_type(g.value(cos).dtype) + "* __restrict__", "cs", ctx.tensor_arg(cos)},
+                 {std::string("const ") + storage_type(g.value(sin).dtype) + "* __restrict__", "sn", ctx.tensor_arg(sin)}};
+  loop.body = rotary_value_code(g, x, cos, sin, x_storage, x_map, ov.shape, "    ") + "    out[i] = " +
+              codegen::store_expr(ov.dtype, "v") + ";\n";
+  return loop;
+}
+
+void RotaryPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  lower_grid_loop(ctx, step, "kiln_rotary", grid_loop(ctx));
 }
 
 KILN_REGISTER_OPS(rotary) {

@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/grid_loop.h"
 #include "ops/step_plan.h"
 
 namespace kiln::ops {
 
 constexpr const char* kKilnRotaryOp = "kiln.rotary";
 
-struct RotaryPlan : StepPlanBase<RotaryPlan> {
+struct RotaryPlan : StepPlanBase<RotaryPlan>, GridLoopStep {
   int x = -1, cos = -1, sin = -1, out = -1;
   // x read through the slices/permutes that made it (layout_ops.h
   // strided_source: q and k as columns of one merged projection); -1: x itself
@@ -25,6 +26,7 @@ struct RotaryPlan : StepPlanBase<RotaryPlan> {
   std::vector<int> reads() const override { return {x_storage >= 0 ? x_storage : x, cos, sin}; }
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
+  GridLoop grid_loop(LowerContext& ctx) const override;
 };
 
 // Kernel code defining `const float v`, the rotary of element `i` (a long

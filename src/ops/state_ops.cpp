@@ -15,7 +15,6 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
-constexpr unsigned kScatterBlock = 256;
 constexpr const char* kIndexPut = "aten.index_put.default";
 
 std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
@@ -102,7 +101,7 @@ StateScatterPlan plan_state_update(PlanContext& ctx, int node) {
   return p;
 }
 
-void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
+GridLoop StateScatterPlan::grid_loop(LowerContext& ctx) const {
   const ir::Graph& g = ctx.graph();
   const ir::Value& dst = g.value(state);
   const ir::Value& idx = g.value(index);
@@ -110,50 +109,49 @@ void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
   const size_t rank = dst.shape.size(), d = static_cast<size_t>(dim);
   int64_t inner = 1;  // elements after `dim`
   for (size_t j = d + 1; j < rank; ++j) inner *= dst.shape[j];
-  const int64_t n = idx.shape[0], size = dst.shape[d], total = val.numel();
+  const int64_t n = idx.shape[0], size = dst.shape[d];
   const bool rotary = rotary_cos >= 0;
   const size_t elem = engine::dtype_size(dst.dtype);
   // A plain update moves bits; one computing a rotary stores its float result.
   const std::string unit = rotary ? codegen::storage_type(dst.dtype)
                                   : elem == 8 ? "unsigned long long" : elem == 4 ? "unsigned int"
                                   : elem == 2 ? "unsigned short" : "unsigned char";
-  step.kind = engine::StepKind::kKernel;
-  engine::KernelStep& k = step.kernel;
-  k.function = ctx.kernel_name(rotary ? "kiln_rotary_state_scatter" : "kiln_state_scatter");
   const int source = values_storage >= 0 ? values_storage : values;
-  std::ostringstream s;
-  // values[o, t, w] -> state[o, index[t], w]: one thread an element of values.
-  s << "extern \"C\" __global__ void __launch_bounds__(" << kScatterBlock << ") " << k.function << "(\n"
-    << "    " << unit << "* __restrict__ state, const " << codegen::storage_type(idx.dtype) << "* __restrict__ index,\n";
+  GridLoop loop;
+  loop.count = val.numel();
+  loop.params = {{unit + "* __restrict__", "state", ctx.tensor_arg(out)},
+                 {std::string("const ") + codegen::storage_type(idx.dtype) + "* __restrict__", "index", ctx.tensor_arg(index)}};
   if (rotary)
-    s << "    const " << codegen::storage_type(g.value(source).dtype) << "* __restrict__ x, const "
-      << codegen::storage_type(g.value(rotary_cos).dtype) << "* __restrict__ cs, const "
-      << codegen::storage_type(g.value(rotary_sin).dtype) << "* __restrict__ sn) {\n";
+    loop.params.insert(loop.params.end(),
+                       {{std::string("const ") + codegen::storage_type(g.value(source).dtype) + "* __restrict__", "x",
+                         ctx.tensor_arg(source)},
+                        {std::string("const ") + codegen::storage_type(g.value(rotary_cos).dtype) + "* __restrict__", "cs",
+                         ctx.tensor_arg(rotary_cos)},
+                        {std::string("const ") + codegen::storage_type(g.value(rotary_sin).dtype) + "* __restrict__", "sn",
+                         ctx.tensor_arg(rotary_sin)}});
   else
-    s << "    const " << unit << "* __restrict__ values) {\n";
-  s << "  const long long stride = (long long)gridDim.x * " << kScatterBlock << ";\n"
-    << "  for (long long e = (long long)blockIdx.x * " << kScatterBlock << " + threadIdx.x; e < " << ll(total)
-    << "; e += stride) {\n"
-    << "    const long long w = e % " << ll(inner) << ", t = (e / " << ll(inner) << ") % " << ll(n)
-    << ", o = e / " << ll(inner * n) << ";\n"
+    loop.params.push_back({"const " + unit + "* __restrict__", "values", ctx.tensor_arg(source)});
+  std::ostringstream s;
+  // values[o, t, w] -> state[o, index[t], w]: one iteration an element of values.
+  s << "    const long long w = i % " << ll(inner) << ", t = (i / " << ll(inner) << ") % " << ll(n)
+    << ", o = i / " << ll(inner * n) << ";\n"
     << "    long long p = (long long)index[t];\n"
-    << wrap_clamp_index("p", size, "    ")
-    << "    const long long i = e;\n";
+    << wrap_clamp_index("p", size, "    ");
   if (rotary) {
     s << rotary_value_code(g, values, rotary_cos, rotary_sin, values_storage, values_map, val.shape, "    ")
       << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + w] = " << codegen::store_expr(dst.dtype, "v")
       << ";\n";
   } else {
-    // values' element e (as `i`): contiguous, or through its source's strides
+    // values' element i: contiguous, or through its source's strides
     const std::string vo = values_storage >= 0 ? codegen::affine_offset(values_map, val.shape) : "i";
     s << "    state[(o * " << ll(size) << " + p) * " << ll(inner) << " + w] = values[" << vo << "];\n";
   }
-  s << "  }\n}\n";
-  ctx.add_source(s.str());
-  k.grid[0] = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (total + kScatterBlock - 1) / kScatterBlock), 65536));
-  k.block[0] = kScatterBlock;
-  k.args = {ctx.tensor_arg(out), ctx.tensor_arg(index), ctx.tensor_arg(source)};
-  if (rotary) k.args.insert(k.args.end(), {ctx.tensor_arg(rotary_cos), ctx.tensor_arg(rotary_sin)});
+  loop.body = s.str();
+  return loop;
+}
+
+void StateScatterPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  lower_grid_loop(ctx, step, rotary_cos >= 0 ? "kiln_rotary_state_scatter" : "kiln_state_scatter", grid_loop(ctx));
 }
 
 KILN_REGISTER_OPS(state) {

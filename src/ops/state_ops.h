@@ -16,12 +16,13 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/grid_loop.h"
 #include "ops/op_query.h"
 #include "ops/step_plan.h"
 
 namespace kiln::ops {
 
-struct StateScatterPlan : StepPlanBase<StateScatterPlan> {
+struct StateScatterPlan : StepPlanBase<StateScatterPlan>, GridLoopStep {
   int state = -1;   // the destination's storage (a state value)
   int out = -1;     // the node's output, an alias of `state`
   int index = -1;   // int64/int32 positions along `dim`, 1-D
@@ -42,6 +43,7 @@ struct StateScatterPlan : StepPlanBase<StateScatterPlan> {
   }
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
+  GridLoop grid_loop(LowerContext& ctx) const override;
 };
 
 // Empty when the compiler takes the node's shapes and attributes, else why not.

@@ -42,6 +42,8 @@ class StepPlan {
   virtual ~StepPlan() = default;
   virtual std::vector<int> reads() const = 0;
   virtual int writes() const = 0;
+  // Further values the step writes (a launch group: each member's result).
+  virtual std::vector<int> also_writes() const { return {}; }
   // Fills `step` (kind and payload; the label is set by the caller).
   virtual void lower(LowerContext& ctx, engine::Step& step) const = 0;
   virtual std::unique_ptr<StepPlan> clone() const = 0;
@@ -244,6 +246,12 @@ struct PlannedOp {
 
   std::vector<int> reads() const { return plan->reads(); }
   int writes() const { return plan->writes(); }
+  // writes() then also_writes().
+  std::vector<int> all_writes() const {
+    std::vector<int> w{plan->writes()};
+    for (int v : plan->also_writes()) w.push_back(v);
+    return w;
+  }
 };
 
 // What an op's planning sees of the fusion pass (passes/fuse.cpp).

@@ -226,7 +226,9 @@ ExecPlan Fuser::run() {
     if (st.update >= 0) needed[static_cast<size_t>(plan_.storage_of(st.update))] = true;
   for (size_t i = plan_.ops.size(); i-- > 0;) {
     if (dead_[i]) continue;
-    if (!needed[static_cast<size_t>(plan_.storage_of(plan_.ops[i].writes()))]) {
+    bool any = false;
+    for (int w : plan_.ops[i].all_writes()) any = any || needed[static_cast<size_t>(plan_.storage_of(w))];
+    if (!any) {
       dead_[i] = true;
       continue;
     }

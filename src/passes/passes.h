@@ -101,6 +101,12 @@ void plan_gemv_pair_epilogues(const ir::Graph& graph, ExecPlan& plan);
 // chunks (split_reduce.cpp). Adds a view and the temporary to `graph`.
 void split_reductions(ir::Graph& graph, ExecPlan& plan);
 
+// After the other plan passes: adjacent steps whose kernels are grid-stride
+// loops (ops/grid_loop.h) and that are independent of each other become one
+// ops::LaunchGroupPlan, one launch (group_launches.cpp). Returns the launches
+// saved.
+int group_launches(ExecPlan& plan);
+
 // Lifetime-based placement of activations in one arena.
 struct ArenaRequest {
   uint64_t nbytes = 0;

@@ -37,23 +37,9 @@ using testing::write_elem;
 using Shape = std::vector<int64_t>;
 using Attrs = std::map<std::string, ir::Attr>;
 
-// Lowering outside the compiler: tensors are the graph's value ids, the
-// source is collected.
-class TestLowerContext : public ops::LowerContext {
- public:
-  explicit TestLowerContext(const ir::Graph& g) : g_(g) {}
-  const ir::Graph& graph() const override { return g_; }
-  uint32_t tensor(int value) const override { return static_cast<uint32_t>(value); }
-  std::string kernel_name(const std::string& prefix) override { return prefix + "_test"; }
-  void add_source(const std::string& source) override { source_ += source; }
-  const std::string& source() const { return source_; }
-
- private:
-  const ir::Graph& g_;
-  std::string source_;
-};
-
-int out0(const ir::Graph& g, int node) { return g.nodes()[static_cast<size_t>(node)].outputs[0]; }
+using testing::out0;
+using testing::slice_last;
+using testing::TestLowerContext;
 
 std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
@@ -173,14 +159,6 @@ TEST(DecodeOps, ArgmaxMatchesPyTorchRules) {
 }
 
 // ---- rotary ----------------------------------------------------------------
-
-int slice_last(ir::Graph& g, int x, int64_t start, int64_t end) {
-  Shape s = g.value(x).shape;
-  s.back() = end - start;
-  return out0(g, g.add_node("aten.slice_copy.Tensor", "slice", {x},
-                            {{"dim", static_cast<int64_t>(s.size() - 1)}, {"start", start}, {"end", end}},
-                            {{g.value(x).dtype, s}}));
-}
 
 // x * cos + cat(-x[..., h + shift:], x[..., :h + shift]) * sin, as torch.export
 // writes HF's apply_rotary_pos_emb (shift 0); `extra_reader` gives the cat

@@ -138,7 +138,7 @@ int add_norm(ir::Graph& g, const std::string& op, std::vector<int> inputs, Attrs
   return g.add_node(op, "norm", std::move(inputs), std::move(attrs),
                     {{dtype, shape}, {DType::kFloat32, stats}, {DType::kFloat32, stats}});
 }
-int out0(const ir::Graph& g, int node) { return g.nodes()[static_cast<size_t>(node)].outputs[0]; }
+using testing::out0;
 
 struct Case {
   std::string name;

@@ -34,7 +34,7 @@ using testing::write_elem;
 using Attrs = std::map<std::string, ir::Attr>;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-int out0(const ir::Graph& g, int node) { return g.nodes()[static_cast<size_t>(node)].outputs[0]; }
+using testing::out0;
 
 std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng, float lo, float hi) {
   std::uniform_real_distribution<float> dist(lo, hi);

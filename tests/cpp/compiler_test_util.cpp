@@ -4,6 +4,16 @@
 
 namespace kiln::testing {
 
+int out0(const ir::Graph& g, int node) { return g.nodes()[static_cast<size_t>(node)].outputs[0]; }
+
+int slice_last(ir::Graph& g, int x, int64_t start, int64_t end) {
+  std::vector<int64_t> s = g.value(x).shape;
+  s.back() = end - start;
+  return out0(g, g.add_node("aten.slice_copy.Tensor", "slice", {x},
+                            {{"dim", static_cast<int64_t>(s.size() - 1)}, {"start", start}, {"end", end}},
+                            {{g.value(x).dtype, s}}));
+}
+
 std::vector<uint8_t> random_float_bytes(size_t count, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<uint8_t> bytes(count * sizeof(float));

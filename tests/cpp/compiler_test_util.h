@@ -5,6 +5,7 @@
 
 #include "engine_format/engine_desc.h"
 #include "ir/graph.h"
+#include "ops/step_plan.h"
 
 namespace kiln::testing {
 
@@ -18,5 +19,27 @@ ir::Graph make_mlp_graph(int64_t batch, int64_t in, int64_t hidden, int64_t out,
 // Steps of an engine of one kind, or with one label.
 size_t count_kind(const engine::EngineDesc& d, engine::StepKind kind);
 size_t count_label(const engine::EngineDesc& d, const std::string& label);
+
+// The first output of graph node `node`.
+int out0(const ir::Graph& g, int node);
+
+// x[..., start:end] as a slice_copy node over the last dim; its result.
+int slice_last(ir::Graph& g, int x, int64_t start, int64_t end);
+
+// Lowering outside the compiler: tensors are the graph's value ids, kernel
+// names are "<prefix>_test", the source is collected.
+class TestLowerContext : public ops::LowerContext {
+ public:
+  explicit TestLowerContext(const ir::Graph& g) : g_(g) {}
+  const ir::Graph& graph() const override { return g_; }
+  uint32_t tensor(int value) const override { return static_cast<uint32_t>(value); }
+  std::string kernel_name(const std::string& prefix) override { return prefix + "_test"; }
+  void add_source(const std::string& source) override { source_ += source; }
+  const std::string& source() const { return source_; }
+
+ private:
+  const ir::Graph& g_;
+  std::string source_;
+};
 
 }  // namespace kiln::testing

@@ -1,0 +1,105 @@
+#include "ops/grid_loop.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ir/graph.h"
+
+namespace kiln::ops {
+namespace {
+
+std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+
+const GridLoopStep& loop_step(const PlannedOp& op) {
+  const auto* s = dynamic_cast<const GridLoopStep*>(op.plan.get());
+  if (s == nullptr) throw CompileError("internal: launch group member '" + op.label + "' is not a grid loop");
+  return *s;
+}
+
+// The loop over iterations [0, count) by `blocks` blocks, the first at block `first`.
+void emit_loop(std::ostringstream& s, const GridLoop& loop, const std::string& block, int64_t blocks,
+               const std::string& indent) {
+  s << indent << "for (long long i = (long long)(" << block << ") * " << kGridLoopBlock << " + threadIdx.x; i < "
+    << ll(loop.count) << "; i += " << ll(blocks * kGridLoopBlock) << ") {\n"
+    << loop.body << indent << "}\n";
+}
+
+}  // namespace
+
+uint32_t grid_loop_blocks(int64_t count) {
+  return static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (count + kGridLoopBlock - 1) / kGridLoopBlock), 65536));
+}
+
+void lower_grid_loop(LowerContext& ctx, engine::Step& step, const std::string& prefix, const GridLoop& loop) {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name(prefix);
+  const uint32_t blocks = grid_loop_blocks(loop.count);
+  std::ostringstream s;
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kGridLoopBlock << ") " << k.function << "(";
+  for (size_t j = 0; j < loop.params.size(); ++j)
+    s << (j ? ",\n    " : "\n    ") << loop.params[j].decl << " " << loop.params[j].name;
+  s << ") {\n";
+  emit_loop(s, loop, "blockIdx.x", blocks, "  ");
+  s << "}\n";
+  ctx.add_source(s.str());
+  k.grid[0] = blocks;
+  k.block[0] = kGridLoopBlock;
+  k.args.clear();
+  for (const GridLoop::Param& p : loop.params) k.args.push_back(p.arg);
+}
+
+std::vector<int> LaunchGroupPlan::reads() const {
+  std::vector<int> r;
+  for (const PlannedOp& m : members)
+    for (int v : m.reads())
+      if (std::find(r.begin(), r.end(), v) == r.end()) r.push_back(v);
+  return r;
+}
+
+std::vector<int> LaunchGroupPlan::also_writes() const {
+  std::vector<int> w;
+  for (size_t j = 0; j < members.size(); ++j) {
+    if (j > 0) w.push_back(members[j].writes());
+    for (int v : members[j].plan->also_writes()) w.push_back(v);
+  }
+  return w;
+}
+
+void LaunchGroupPlan::lower(LowerContext& ctx, engine::Step& step) const {
+  step.kind = engine::StepKind::kKernel;
+  engine::KernelStep& k = step.kernel;
+  k.function = ctx.kernel_name("kiln_launch_group");
+  std::vector<GridLoop> loops;
+  for (const PlannedOp& m : members) loops.push_back(loop_step(m).grid_loop(ctx));
+  std::ostringstream s;
+  // Member m's parameters are m<m>_<name>; its block range binds them back
+  // to the names its body uses.
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kGridLoopBlock << ") " << k.function << "(";
+  bool first_param = true;
+  k.args.clear();
+  for (size_t m = 0; m < loops.size(); ++m)
+    for (const GridLoop::Param& p : loops[m].params) {
+      s << (first_param ? "\n    " : ",\n    ") << p.decl << " m" << m << "_" << p.name;
+      first_param = false;
+      k.args.push_back(p.arg);
+    }
+  s << ") {\n  const long long b = blockIdx.x;\n";
+  int64_t first = 0;
+  for (size_t m = 0; m < loops.size(); ++m) {
+    const int64_t blocks = grid_loop_blocks(loops[m].count);
+    s << "  if (b < " << ll(first + blocks) << ") {  // " << members[m].label << "\n";
+    for (const GridLoop::Param& p : loops[m].params)
+      s << "    " << p.decl << " " << p.name << " = m" << m << "_" << p.name << ";\n";
+    emit_loop(s, loops[m], first ? "b - " + ll(first) : "b", blocks, "    ");
+    s << "    return;\n  }\n";
+    first += blocks;
+  }
+  s << "}\n";
+  if (first > 0x7fffffffLL) throw CompileError("internal: launch group of " + std::to_string(first) + " blocks");
+  ctx.add_source(s.str());
+  k.grid[0] = static_cast<uint32_t>(first);
+  k.block[0] = kGridLoopBlock;
+}
+
+}  // namespace kiln::ops
