@@ -87,6 +87,13 @@ void emit_bases(std::ostream& s, const AttentionPlan& p) {
     s << "  const M* mp = mask + " << ll(p.offsets[3]) << " + b * " << ll(p.mask_strides[0]) << " + h * " << ll(p.mask_strides[1]) << ";\n";
 }
 
+// The element offset of output row `row` (an expression) from the head's base.
+std::string out_row_offset(const AttentionPlan& p, const std::string& row) {
+  if (p.out_row_block <= 0) return "(long long)(" + row + ") * " + ll(p.out_strides[2]);
+  return "((long long)(" + row + ") / " + ll(p.out_row_block) + " * " + ll(p.out_row_block_stride) + " + (long long)(" +
+         row + ") % " + ll(p.out_row_block) + " * " + ll(p.out_strides[2]) + ")";
+}
+
 std::string signature(const AttentionPlan& p, const std::string& name, int threads) {
   std::ostringstream s;
   s << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << name << "(const T* __restrict__ q, "
@@ -332,7 +339,7 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "    const float inv = l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f;\n"
     << "    #pragma unroll\n"
     << "    for (int j = 0; j < kDv / 8; ++j)\n"
-    << "      *(unsigned*)(ob + row * " << ll(p.out_strides[2]) << " + j * 8 + t4 * 2) = " << pack
+    << "      *(unsigned*)(ob + " << out_row_offset(p, "row") << " + j * 8 + t4 * 2) = " << pack
     << "(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);\n"
     << "  }\n"
     << "}\n";
@@ -411,7 +418,7 @@ void emit_simt(std::ostream& s, const AttentionPlan& p, const std::string& name,
     << "  const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;\n"
     << "  #pragma unroll\n"
     << "  for (int i = 0; i < kPer; ++i)\n"
-    << "    if (lane + 32 * i < kDv) ob[row * " << ll(p.out_strides[2]) << " + lane + 32 * i] = "
+    << "    if (lane + 32 * i < kDv) ob[" << out_row_offset(p, "row") << " + lane + 32 * i] = "
     << store_expr(p.dtype, "acc[i] * inv") << ";\n"
     << "}\n";
   k.grid[0] = static_cast<uint32_t>((p.rows + kSimtRowsPerBlock - 1) / kSimtRowsPerBlock);
@@ -599,7 +606,7 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    }\n"
     << (p.splits > 1 ? std::string("    if (c == 0) { pb[r * (kDv + 2)] = m; pb[r * (kDv + 2) + 1] = l; }\n"
                                    "    pb[r * (kDv + 2) + 2 + c] = o;\n")
-                     : "    ob[(long long)r * " + ll(p.out_strides[2]) + " + c] = " +
+                     : "    ob[" + out_row_offset(p, "r") + " + c] = " +
                            store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f") + ";\n")
     << "  }\n"
     << "}\n";
@@ -647,7 +654,7 @@ AttentionKernel generate_attention_combine_kernel(const AttentionPlan& p, const 
     << "      l = fmaf(ps[1], f, l);\n"
     << "      o = fmaf(ps[2 + c], f, o);\n"
     << "    }\n"
-    << "    ob[(long long)r * " << ll(p.out_strides[2]) << " + c] = " << store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f")
+    << "    ob[" << out_row_offset(p, "r") << " + c] = " << store_expr(p.dtype, "l > 0.0f ? o / l : 0.0f")
     << ";\n"
     << "  }\n"
     << "}\n";
@@ -669,7 +676,7 @@ bool attention_uses_mma(const AttentionPlan& p) {
     for (int64_t x : *st)
       if (x % 2 != 0) return false;
   if (p.offsets[0] % 2 != 0 || p.offsets[1] % 2 != 0 || p.offsets[2] % 2 != 0) return false;
-  return true;
+  return p.out_row_block_stride % 2 == 0;
 }
 
 AttentionKernel generate_attention_kernel(const AttentionPlan& p, const std::string& name) {

@@ -111,11 +111,24 @@ std::pair<Shape, Shape> operand_layout(const ir::Graph& graph, const ir::Node& n
 
 void copy3(std::array<int64_t, 3>& to, const Shape& bhld) { to = {bhld[0], bhld[1], bhld[2]}; }
 
+struct OutputLayout {
+  std::array<int64_t, 3> strides{};  // [batch, head, row]
+  int64_t row_block = 0, row_block_stride = 0;  // AttentionPlan::out_row_block
+};
+
+// A dim of one factor (or none: size 1) has that factor's stride.
+std::optional<int64_t> sole_stride(const std::vector<StrideFactor>& dim) {
+  if (dim.size() > 1) return std::nullopt;
+  return dim.empty() ? 0 : dim[0].stride;
+}
+
 // The [batch, head, row] strides of the attention's output inside the
 // (contiguous) output of the last node of `chain` (permutes, clones and
-// views after it), when the value dim stays contiguous.
-std::optional<std::array<int64_t, 3>> output_strides(const ir::Graph& graph, const ir::Node& node,
-                                                    const std::vector<int>& chain) {
+// views after it), when the value dim stays contiguous. The row dim may be
+// two strided factors (grouped-query rows [group, tokens] going back to
+// their heads: AttentionPlan::out_row_block).
+std::optional<OutputLayout> output_strides(const ir::Graph& graph, const ir::Node& node,
+                                           const std::vector<int>& chain) {
   const ir::Node& last = graph.nodes()[static_cast<size_t>(chain.back())];
   const Shape& last_shape = graph.value(last.outputs[0]).shape;
   // Walk back from the contiguous storage; dims may carry several strided
@@ -143,11 +156,20 @@ std::optional<std::array<int64_t, 3>> output_strides(const ir::Graph& graph, con
     dims = *r;
     shape = {split.at(0), split.at(1), shape[1], shape[2]};
   }
-  const auto st = plain_strides(dims);
-  if (!st) return std::nullopt;
-  if (st->back() != 1 && shape.back() != 1) return std::nullopt;
-  const Shape b = strides_bhld(*st);
-  return std::array<int64_t, 3>{b[0], b[1], b[2]};
+  OutputLayout out;
+  if (const auto st = plain_strides(dims)) {
+    if (st->back() != 1 && shape.back() != 1) return std::nullopt;
+    const Shape b = strides_bhld(*st);
+    out.strides = {b[0], b[1], b[2]};
+    return out;
+  }
+  if (dims.size() != 4 || dims[2].size() != 2) return std::nullopt;
+  const auto sb = sole_stride(dims[0]), sh = sole_stride(dims[1]), sd = sole_stride(dims[3]);
+  if (!sb || !sh || !sd || (*sd != 1 && shape.back() != 1)) return std::nullopt;
+  out.strides = {*sb, *sh, dims[2][1].stride};
+  out.row_block = dims[2][1].size;
+  out.row_block_stride = dims[2][0].stride;
+  return out;
 }
 
 std::string label_of(const ir::Node& node) { return node.op == kSdpaOp ? "sdpa" : "attention"; }
@@ -171,9 +193,11 @@ void plan_attention_step(PlanContext& ctx, int node_index) {
   }
   while (!chain.empty() && is_view_op(graph.nodes()[static_cast<size_t>(chain.back())].op)) chain.pop_back();
   for (; !chain.empty(); chain.pop_back()) {
-    if (auto st = output_strides(graph, node, chain)) {
+    if (auto layout = output_strides(graph, node, chain)) {
       p.out = graph.nodes()[static_cast<size_t>(chain.back())].outputs[0];
-      p.out_strides = *st;
+      p.out_strides = layout->strides;
+      p.out_row_block = layout->row_block;
+      p.out_row_block_stride = layout->row_block_stride;
       for (int c : chain) ctx.absorb(c);
       break;
     }

@@ -40,6 +40,12 @@ struct AttentionPlan : StepPlanBase<AttentionPlan> {
   // Element strides of [batch, head, row] (q, out) or [batch, kv head, key]
   // (k, v); the last dim is contiguous. A stride of 0 broadcasts.
   std::array<int64_t, 3> q_strides{}, k_strides{}, v_strides{}, out_strides{};
+  // > 0: the output's rows are [blocks, out_row_block] with different
+  // strides: row r is written at (r / out_row_block) * out_row_block_stride
+  // + (r % out_row_block) * out_strides[2]. Grouped-query attention runs a
+  // kv head's q heads as one block of rows ([group * tokens]); the heads
+  // merge after it ([B, tokens, heads * D]) puts each back at its head.
+  int64_t out_row_block = 0, out_row_block_stride = 0;
   // Where each operand starts inside its tensor (slices and selects read
   // through): q, k, v, mask, in elements.
   std::array<int64_t, 4> offsets{};

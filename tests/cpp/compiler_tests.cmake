@@ -28,8 +28,8 @@ gtest_discover_tests(kiln_compiler_depthwise_tests)
 
 # Generated kernels run on the CPU like the depthwise tests (cuda_host_shim.h):
 # resample / pad kernels; transposed and 1-D convolutions and 1-D pooling;
-# gathers; pointwise kernels in their vector and scalar forms.
-foreach(family resample convt gather pointwise)
+# gathers; pointwise kernels in their vector and scalar forms; launch groups.
+foreach(family resample convt gather pointwise launch_group)
   add_executable(kiln_compiler_${family}_tests compiler_${family}_test.cpp compiler_test_util.cpp)
   target_compile_definitions(kiln_compiler_${family}_tests PRIVATE
     KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")
@@ -58,3 +58,11 @@ target_compile_definitions(kiln_compiler_decode_tests PRIVATE
   KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
 target_link_libraries(kiln_compiler_decode_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
 gtest_discover_tests(kiln_compiler_decode_tests)
+# Attention writing through the heads merge after it (grouped-query rows),
+# its kernels as cooperating fibers (cuda_block_shim.h).
+add_executable(kiln_compiler_attention_output_tests compiler_attention_output_test.cpp compiler_test_util.cpp)
+target_compile_definitions(kiln_compiler_attention_output_tests PRIVATE
+  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
+  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
+target_link_libraries(kiln_compiler_attention_output_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
+gtest_discover_tests(kiln_compiler_attention_output_tests)
