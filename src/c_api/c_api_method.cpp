@@ -47,12 +47,12 @@ kiln_status check_tensor(const MethodState& ms, const char* what, size_t index, 
   bool same = t->dtype == s.dtype && static_cast<size_t>(t->ndim) == s.shape.size() &&
               t->device_type == s.device_type &&
               (s.device_type != KILN_DEVICE_CUDA || t->device_index == s.device_index);
-  // An input may be smaller than the signature's shape: a program exported
-  // with dynamic shapes plans each input at its largest size (ExecuTorch
-  // refuses to resize a static one; Kiln names a size it has no engine for).
-  const bool input = std::strcmp(what, "input") == 0;
-  for (int32_t d = 0; same && d < t->ndim; ++d)
-    same = input ? t->shape[d] >= 0 && t->shape[d] <= s.shape[d] : t->shape[d] == s.shape[d];
+  // An input may be smaller than the signature's shape (dynamic shapes,
+  // program_check.h); an output buffer must have it.
+  if (same && std::strcmp(what, "input") == 0)
+    same = kiln::tools::fits_planned_shape(t->shape, static_cast<size_t>(t->ndim), s.shape);
+  else if (same)
+    same = std::equal(s.shape.begin(), s.shape.end(), t->shape);
   if (!same) {
     std::string hint;
     if (t->device_type != s.device_type)

@@ -148,12 +148,9 @@ int prepare_inputs(const et::MethodMeta& meta, const Options& options,
       continue;
     }
     HostTensor& have = (*given)[i];
-    // A program exported with dynamic shapes plans each input at its largest
-    // size: a dim up to the planned one is fed as it is (ExecuTorch refuses
-    // to resize a static input; Kiln names a size it has no engine for).
-    bool fits = have.dtype == want.dtype && have.shape.size() == want.shape.size();
-    for (size_t d = 0; fits && d < want.shape.size(); ++d) fits = have.shape[d] <= want.shape[d];
-    if (!fits) {
+    // A dim up to the planned one is fed as it is (dynamic shapes).
+    if (have.dtype != want.dtype ||
+        !kiln::tools::fits_planned_shape(have.shape.data(), have.shape.size(), want.shape)) {
       std::fprintf(stderr, "kiln_runner: %s: tensor %zu: method '%s' input %zu is %s, the file "
                    "has %s\n", options.inputs.c_str(), i, options.method.c_str(), i,
                    kiln::tools::describe_tensor(want.dtype, want.shape).c_str(),

@@ -307,4 +307,11 @@ std::string read_io_devices(const uint8_t* data, size_t size, const std::string&
   return "the program has no method '" + method + "'";
 }
 
+bool fits_planned_shape(const int64_t* given, size_t rank, const std::vector<int64_t>& planned) {
+  if (rank != planned.size()) return false;
+  for (size_t d = 0; d < rank; ++d)
+    if (given[d] < 0 || given[d] > planned[d]) return false;
+  return true;
+}
+
 }  // namespace kiln::tools

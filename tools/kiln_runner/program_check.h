@@ -62,6 +62,13 @@ std::string read_io_devices(const uint8_t* data, size_t size, const std::string&
 std::string check_planned_memory(const executorch::runtime::MethodMeta& meta,
                                  uint64_t limit_bytes);
 
+// An input may be smaller than the shape the program plans for it: a
+// program exported with dynamic shapes plans each input at its largest size
+// (ExecuTorch refuses to resize a static input; the Kiln delegate names a
+// size it has no engine for). True when `given` has the planned rank and
+// every dim is in [0, planned].
+bool fits_planned_shape(const int64_t* given, size_t rank, const std::vector<int64_t>& planned);
+
 // The limit kiln_runner uses: the machine's physical memory.
 uint64_t physical_memory_bytes();
 
