@@ -42,5 +42,13 @@ CASES = {
 }
 
 
+# Dynamic batch (issue 12): name -> (factory, kwargs, features, batch range
+# (min, max), precision, rtol). The engines hold one variant per bucket of the
+# range (1, 2, 4, 8); the test feeds every bucket and one size between.
+DYNAMIC_CASES = {
+    "mlp_dynamic_fp32": ("Mlp", {"in_features": 64, "hidden": 128, "out_features": 16}, 64, (1, 8), "float32", 1e-5),
+}
+
+
 def build(factory, **kwargs):
     return FACTORIES[factory](**kwargs)

@@ -9,7 +9,9 @@ from its saved weights). Device-resident outputs come back as DeviceArrays,
 read through torch.from_dlpack, .numpy() and into caller-given CUDA buffers.
 Plus: the package runs a model with no torch imported, a CUDA tensor given to
 a host-I/O program and a host array given to a device-resident one are
-refused with messages naming the input, and a stale DeviceArray raises.
+refused with messages naming the input, and a stale DeviceArray raises. A
+program with a batch Dim (one engine per size bucket) runs every bucket, up
+and back down, against PyTorch, and refuses a size with no engine.
 Tolerance: rel_err = ||out - ref|| / ||ref|| <= rtol (1e-5 float32, 1e-2 float16).
 
     python3 tests/gpu/python_runtime_test.py --files .gpu_carry/python_runtime
@@ -151,6 +153,37 @@ def run_model(entry, files: Path) -> None:
             report("on the CPU, got" in str(e) and "on CUDA device 0" in str(e), f"{name}: CUDA input refused: {e}")
 
 
+def run_dynamic(entry, files: Path) -> None:
+    """A batch Dim compiled to one engine per bucket: every bucket's size runs
+    and matches PyTorch on this GPU; a size in the range without an engine, and
+    one past the range, are refused with an error, never a wrong answer."""
+    import torch
+    from python_runtime_models import build
+
+    name, rtol, features = entry["name"], entry["rtol"], entry["features"]
+    method = kr.Program(files / entry["pte"]).method()
+    lo, hi = entry["range"]
+    report(method.inputs[0].shape == (hi, features), f"{name}: input planned at the range's max {method.inputs[0].shape}")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(entry["factory"], **entry["kwargs"])
+    model.load_state_dict(torch.load(files / entry["weights"], map_location="cpu"))
+    model = model.cuda().eval()
+    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for size in entry["sizes"] + list(reversed(entry["sizes"])):  # up and down again: variants switch back
+        x = torch.randn(size, features, generator=gen, device="cuda")
+        with torch.no_grad():
+            expected = model(x).cpu().numpy()
+        (out,) = method.execute([x.cpu().numpy()])
+        report(out.shape == expected.shape and rel_err(out, expected) <= rtol,
+               f"{name}: batch {size}: shape {tuple(out.shape)}, rel_err {rel_err(out, expected):.2e} (rtol {rtol:g})")
+    for size, why in ((entry["uncompiled"], "inside the range, no engine"), (hi + 1, "past the range")):
+        try:
+            method.execute([np.random.default_rng(size).standard_normal((size, features), dtype=np.float32)])
+            report(False, f"{name}: batch {size} ({why}) must be refused")
+        except kr.KilnRuntimeError as e:
+            report(True, f"{name}: batch {size} ({why}) refused: {e}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=Path, required=True)
@@ -161,12 +194,12 @@ def main() -> int:
     if not available:
         return 1
     manifest = json.loads((args.files / "manifest.json").read_text())
-    host = [e for e in manifest if not e["device_io"]]
+    host = [e for e in manifest if not e["device_io"] and not e.get("dynamic")]
     if host:
         check_torch_free(host[0], args.files)
     for entry in manifest:
         try:
-            run_model(entry, args.files)
+            (run_dynamic if entry.get("dynamic") else run_model)(entry, args.files)
         except Exception as e:  # one model's failure is reported, the others still run
             report(False, f"{entry['name']}: {type(e).__name__}: {e}")
     print(f"python runtime: {len(FAILED)} failed" if FAILED else "python runtime: all passed")
