@@ -31,12 +31,6 @@ using testing::read_elem;
 using testing::round_to;
 using testing::write_elem;
 
-std::vector<uint8_t> random_elems(DType d, int64_t count, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
-  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
-  return b;
-}
 
 struct Case {
   int64_t kv_heads, group, tokens, keys, dim;
@@ -97,7 +91,8 @@ void check_grouped_rows_output(const Case& c, std::mt19937& rng) {
   if (p->splits > 1) ASSERT_NE(launch_combine, nullptr);
 
   const int64_t nq = c.kv_heads * rows * c.dim, nk = c.kv_heads * c.keys * c.dim;
-  std::vector<uint8_t> qb = random_elems(dt, nq, rng), kb = random_elems(dt, nk, rng), vb = random_elems(dt, nk, rng);
+  auto random = [&](int64_t n) { return testing::random_elems(dt, n, rng, -2.0f, 2.0f); };
+  std::vector<uint8_t> qb = random(nq), kb = random(nk), vb = random(nk);
   std::vector<uint8_t> ob(static_cast<size_t>(nq) * 4);
   const size_t es = 4;
   // The shim runs a 1-D grid: one launch per kv head (blockIdx.y), with the

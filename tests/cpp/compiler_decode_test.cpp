@@ -37,16 +37,13 @@ using testing::write_elem;
 using Shape = std::vector<int64_t>;
 using Attrs = std::map<std::string, ir::Attr>;
 
+std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
+  return testing::random_elems(d, count, rng, -3.0f, 3.0f);
+}
 using testing::out0;
 using testing::slice_last;
 using testing::TestLowerContext;
 
-std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
-  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
-  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
-  return b;
-}
 
 // Kernel `fn` of `source` built as host code with the block shim (its
 // threads cooperate), as a launcher; nullptr when it does not build.

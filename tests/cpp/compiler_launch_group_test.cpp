@@ -27,12 +27,6 @@ using testing::round_to;
 using testing::slice_last;
 using testing::write_elem;
 
-std::vector<uint8_t> random_elems(DType d, int64_t count, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
-  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
-  return b;
-}
 
 // Heads [start, start + n) of a [1, 1, width] projection as [1, n, 1, hd].
 int heads_of(ir::Graph& g, int qkv, int64_t start, int64_t n, int64_t hd) {
@@ -103,9 +97,9 @@ void check_decode_qkv(DType dt, int64_t q_heads, int64_t kv_heads, int64_t hd, i
   const uint32_t want_blocks = ops::grid_loop_blocks(q_heads * hd) + 2 * ops::grid_loop_blocks(kv_heads * hd);
   EXPECT_EQ(step.kernel.grid[0], want_blocks);
 
-  std::vector<uint8_t> qkv_b = random_elems(dt, width, rng), cos_b = random_elems(dt, hd, rng),
-                       sin_b = random_elems(dt, hd, rng);
-  std::vector<uint8_t> k_cache = random_elems(dt, kv_heads * slots * hd, rng), v_cache = random_elems(dt, kv_heads * slots * hd, rng);
+  auto random = [&](int64_t n) { return testing::random_elems(dt, n, rng, -2.0f, 2.0f); };
+  std::vector<uint8_t> qkv_b = random(width), cos_b = random(hd), sin_b = random(hd);
+  std::vector<uint8_t> k_cache = random(kv_heads * slots * hd), v_cache = random(kv_heads * slots * hd);
   const std::vector<uint8_t> k_before = k_cache, v_before = v_cache;
   std::vector<uint8_t> q_b(static_cast<size_t>(q_heads * hd) * engine::dtype_size(dt));
   const int64_t slot = std::uniform_int_distribution<int64_t>(0, slots - 1)(rng);

@@ -43,12 +43,6 @@ constexpr const char* kBatchNormStats = "aten._native_batch_norm_legit.no_stats"
 
 int64_t numel(const std::vector<int64_t>& s) { return ir::numel_of(s); }
 
-std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
-  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
-  return b;
-}
 
 std::vector<double> to_doubles(DType d, const std::vector<uint8_t>& bytes, int64_t count) {
   std::vector<double> v(static_cast<size_t>(count));
@@ -137,6 +131,9 @@ int add_norm(ir::Graph& g, const std::string& op, std::vector<int> inputs, Attrs
              const std::vector<int64_t>& shape, const std::vector<int64_t>& stats) {
   return g.add_node(op, "norm", std::move(inputs), std::move(attrs),
                     {{dtype, shape}, {DType::kFloat32, stats}, {DType::kFloat32, stats}});
+}
+std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  return testing::random_elems(d, count, rng, lo, hi);
 }
 using testing::out0;
 

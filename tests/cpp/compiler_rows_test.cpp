@@ -36,12 +36,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 using testing::out0;
 
-std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
-  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
-  return b;
-}
 
 // softmax / log_softmax over `dim` of a contiguous `shape`, in double; safe:
 // rows of -inf give 0.
@@ -148,7 +142,7 @@ Case rms_case(const std::string& name, std::vector<int64_t> shape, DType dtype, 
   int r = out0(g, g.add_node("aten.rsqrt.default", "rsqrt", {add}, {}, {{f, kept}}));
   int y = out0(g, g.add_node("aten.mul.Tensor", "mul", {a, r}, {}, {{f, shape}}));
   if (casts) y = out0(g, g.add_node("aten._to_copy.default", "down", {y}, {}, {{dtype, shape}}));
-  int w = g.add_constant("w", dtype, {D}, random_bytes(dtype, D, rng, 0.5f, 1.5f));
+  int w = g.add_constant("w", dtype, {D}, testing::random_elems(dtype, D, rng, 0.5f, 1.5f));
   std::vector<int> operands = weight_left ? std::vector<int>{w, y} : std::vector<int>{y, w};
   int out = out0(g, g.add_node("aten.mul.Tensor", "scale", operands, {}, {{dtype, shape}}));
   g.set_outputs({out});
@@ -218,7 +212,7 @@ class RowKernel : public ::testing::Test {
 
     const ir::Value& xv = g.value(c.x);
     const ir::Value& ov = g.value(out);
-    std::vector<uint8_t> x_bytes = random_bytes(xv.dtype, xv.numel(), rng_, -4.0f, 4.0f);
+    std::vector<uint8_t> x_bytes = testing::random_elems(xv.dtype, xv.numel(), rng_, -4.0f, 4.0f);
     std::bernoulli_distribution mask(c.masked);
     const int64_t last = xv.shape.back();
     for (size_t i = 0; i < static_cast<size_t>(xv.numel()); ++i) {

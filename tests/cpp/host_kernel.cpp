@@ -107,4 +107,11 @@ void write_elem(engine::DType d, std::vector<uint8_t>& bytes, size_t i, float v)
   std::memcpy(&bytes[i * 2], &h, 2);
 }
 
+std::vector<uint8_t> random_elems(engine::DType d, int64_t count, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<uint8_t> b(static_cast<size_t>(count) * engine::dtype_size(d));
+  for (int64_t i = 0; i < count; ++i) write_elem(d, b, static_cast<size_t>(i), dist(rng));
+  return b;
+}
+
 }  // namespace kiln::testing

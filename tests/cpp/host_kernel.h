@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,8 @@ double read_elem(engine::DType d, const std::vector<uint8_t>& bytes, size_t i);
 void write_elem(engine::DType d, std::vector<uint8_t>& bytes, size_t i, float v);
 // Rounds to `d`'s precision, as a store would.
 double round_to(engine::DType d, double v);
+
+// `count` elements of dtype `d`, uniform in [lo, hi) (rounded to `d`).
+std::vector<uint8_t> random_elems(engine::DType d, int64_t count, std::mt19937& rng, float lo, float hi);
 
 }  // namespace kiln::testing
