@@ -100,13 +100,21 @@ def test_report_and_carry_groups(records, tmp_path):
     json_path = tmp_path / "coverage.json"
     coverage_sweep.save_results(json_path, results)
     gpu = tmp_path / "coverage_gpu_cov_00.json"
-    gpu.write_text(json.dumps([{"model": "squeezenet1_1", "dtype": "float32", "ok": True, "rel_err": 3e-7}]))
+    # float16: over the 1e-2 bar; judged apart only when PyTorch's own float16
+    # run is at least as far from float32 (never counted as a match)
+    fp16 = {"model": "squeezenet1_1", "dtype": "float16", "ok": False, "rel_err": 3e-2, "torch_fp16_rel_err": 9.2e-2}
+    gpu.write_text(json.dumps([{"model": "squeezenet1_1", "dtype": "float32", "ok": True, "rel_err": 3e-7}, fp16]))
     doc = tmp_path / "coverage.md"
     coverage_sweep.main(["--report", "--json", str(json_path), "--doc", str(doc), "--gpu-results", str(tmp_path)])
     text = doc.read_text()
     assert "**1 aborted exports**" in text
     assert "| aten.upsample_bilinear2d.vec | 1 | m_cpu |" in text
     assert "| squeezenet1_1 | 1.2M | pass | 0 |" in text and "3.0e-07 ok" in text
+    assert "3.0e-02 over (PyTorch fp16 9.2e-02)" in text
+    assert "GPU: 0/1 match PyTorch (rtol 0.01); over the bar but no farther from float32 than PyTorch's own " \
+           "float16 run: squeezenet1_1 3.0e-02 (PyTorch fp16 9.2e-02)" in text
+    assert not coverage_sweep.within_torch_fp16(dict(fp16, torch_fp16_rel_err=2e-2))  # Kiln worse: a failure
+    assert not coverage_sweep.within_torch_fp16(dict(fp16, dtype="float32"))
     assert "m_cpu fp32: aten.mm.default ('mm') left to the CPU" in text
     assert f"measured at {recs[0]['commit']} (1), not recorded (1)" in text
 

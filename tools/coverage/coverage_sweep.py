@@ -275,11 +275,23 @@ def _seconds_cell(r: dict) -> str:
     return text if sms == [90] else text + " [" + ",".join(f"sm_{s}" for s in sms) + "]"
 
 
+def within_torch_fp16(g: dict) -> bool:
+    """A float16 result past 1e-2 that is still no farther from the float32
+    reference than PyTorch's own float16 run of the model on the same inputs
+    (gpu_coverage.py records it): the limit of float16 for that model, not a
+    Kiln error (maxvit_t: Kiln 3.0e-2, PyTorch float16 9.2e-2). Reported
+    apart from the strict count, never as a match."""
+    return (not g.get("ok") and g.get("dtype") == "float16" and g.get("rel_err") is not None
+            and g.get("torch_fp16_rel_err") is not None and g["rel_err"] <= g["torch_fp16_rel_err"])
+
+
 def _err_cell(g: dict | None) -> str:
     if not g:
         return ""
     if g.get("error") is not None and g.get("rel_err") is None:
         return f"run failed: {g['error'][:60]}"
+    if within_torch_fp16(g):
+        return f"{g['rel_err']:.1e} over (PyTorch fp16 {g['torch_fp16_rel_err']:.1e})"
     mark = "ok" if g.get("ok") else "FAIL"
     return f"{g['rel_err']:.1e} {mark}"
 
@@ -310,6 +322,8 @@ def write_doc(doc: Path, results: list[dict], gpu: dict, planned=None) -> None:
         "norm-relative error of kiln_runner's output against PyTorch on the H200 on fresh random",
         "inputs (`tools/coverage/gpu_coverage.py`; fp32 <= 1e-4, fp16 <= 1e-2), from the exports that",
         "`docs/coverage_gpu/*.json` name (not re-run with every re-timing); empty until that runs.",
+        "\"over (PyTorch fp16 e)\": a float16 error above 1e-2 that is no larger than e, PyTorch's own",
+        "float16 run's error against the same float32 reference: counted as not matching, shown apart.",
         "",
         "Reproduce: `PYTHONPATH=python nice -n 19 python3 tools/coverage/coverage_sweep.py --keep-pte",
         "out/coverage/pte` (resumes from `docs/coverage.json`; `--fresh` starts over). GPU errors:",
@@ -399,7 +413,13 @@ def _summary(results, by, gpu, planned) -> list[str]:
         g = [gpu[(r["model"], d)] for r in rs if (r["model"], d) in gpu]
         if g:
             ok = sum(1 for x in g if x.get("ok"))
-            out.append(f"  - GPU: {ok}/{len(g)} match PyTorch (rtol {RTOL[d]})")
+            line = f"  - GPU: {ok}/{len(g)} match PyTorch (rtol {RTOL[d]})"
+            limited = [x for x in g if within_torch_fp16(x)]
+            if limited:
+                line += ("; over the bar but no farther from float32 than PyTorch's own float16 run: "
+                         + ", ".join(f"{x['model']} {x['rel_err']:.1e} (PyTorch fp16 {x['torch_fp16_rel_err']:.1e})"
+                                     for x in limited))
+            out.append(line)
     if planned:
         for d in SHORT:
             missing = [n for n, dd in planned if dd == d and (n, d) not in by]
