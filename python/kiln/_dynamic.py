@@ -178,8 +178,13 @@ class BuiltProgram:
 
 
 def build_program(program: ExportedProgram, build: Callable[[], object], requested: tuple[int, ...]) -> BuiltProgram:
-    """`build()` (graph_builder.build on `program`) once per shape variant,
-    for the key; a static program is built once, under its own key."""
+    """`build()` (graph_builder.build on `program`) once: a static program
+    under its own key; a dynamic one at its largest variant, whose key (the
+    graph and its constants) with the FX graph's nodes (every size expression
+    is a node there), the symbols, their bindings and the variants' sizes
+    names every variant's graph. The variants themselves are built when they
+    are compiled (compile_program), so the partitioner's trial and
+    preprocess build each once, not once more each for the key."""
     model = shape_model(program)
 
     def build_variant(sizes: dict[str, int]):
@@ -189,15 +194,15 @@ def build_program(program: ExportedProgram, build: Callable[[], object], request
     if not model.dynamic:
         built = build()
         return BuiltProgram(model, [{}], built.key, built.exact, built.node_ops, lambda _sizes: built, built)
-    key = hashlib.sha256(repr(model.symbols).encode() + repr(model.bindings).encode())
-    exact, node_ops = True, []
     all_sizes = variants(model, requested)
-    for sizes in all_sizes:
-        built = build_variant(sizes)
-        key.update(f"{sorted(sizes.items())}={built.key}\n".encode())
-        exact = exact and built.exact
-        node_ops = node_ops or built.node_ops
-        del built
+    largest = build_variant({name: hi for name, _lo, hi in model.symbols})
+    key = hashlib.sha256(repr(model.symbols).encode() + repr(model.bindings).encode())
+    for node in program.graph.nodes:  # arguments name their nodes: size expressions included
+        key.update(f"{node.op} {node.name} {node.target} {node.args} {node.kwargs}\n".encode())
+    key.update(repr([sorted(sizes.items()) for sizes in all_sizes]).encode())
+    key.update(largest.key.encode())
+    exact, node_ops = largest.exact, largest.node_ops
+    del largest
     return BuiltProgram(model, all_sizes, key.hexdigest(), exact, node_ops, build_variant)
 
 
