@@ -180,3 +180,22 @@ def test_benchmark_refuses_to_run_without_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["run_benchmarks.py"])
     assert rb.main() == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_llm_roofline_follows_the_gpu_that_ran():
+    """The decode roofline is the GPU's own peak bandwidth: 4.8 TB/s on the
+    H200, 3.35 on the H100 SXM; a GPU not in the table is measured against the
+    H200's figure and the report says so."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import llm_bench
+
+    assert llm_bench.peak_bandwidth("NVIDIA H200")[0] == 4.8e12
+    h100, note = llm_bench.peak_bandwidth("NVIDIA H100 80GB HBM3")
+    assert h100 == 3.35e12 and "H100 80GB HBM3" in note
+    other, note = llm_bench.peak_bandwidth("NVIDIA L4")
+    assert other == 4.8e12 and "not in the table" in note
+    manifest = {"config": {"hidden": 1024, "heads": 16, "kv_heads": 8, "layers": 24}, "parameters": 410_000_000,
+                "prompt_len": 512, "new_tokens": 256}
+    h200_tps, per_token = llm_bench.roofline_tokens_per_s(manifest, 2)
+    h100_tps, same = llm_bench.roofline_tokens_per_s(manifest, 2, h100)
+    assert same == per_token and abs(h200_tps / h100_tps - 4.8 / 3.35) < 1e-9
