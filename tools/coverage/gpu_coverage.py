@@ -70,17 +70,19 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
     model = model.to(device).eval()
     exact = model if dtype == torch.float32 else copy.deepcopy(model).float()
     worst, seeds, errors, torch_fp16 = 0.0, [], [], None
+    per_trial = []  # (Kiln's error, PyTorch float16's) for each input draw
     for trial in range(trials):
         seed = int.from_bytes(os.urandom(4), "little")
         seeds.append(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(entry["input"], generator=gen, device=device, dtype=dtype)
+        trial_torch = None
         with torch.no_grad():
             expected = [t.to(dtype) for t in zoo.flatten_outputs(exact(x.float()))]
             if dtype != torch.float32:
                 mine = zoo.flatten_outputs(model(x))
-                # the worst trial, as Kiln's error is
-                torch_fp16 = max([torch_fp16 or 0.0] + [rel_err(a, b) for a, b in zip(mine, expected)])
+                trial_torch = max(rel_err(a, b) for a, b in zip(mine, expected))
+                torch_fp16 = max(torch_fp16 or 0.0, trial_torch)  # the worst trial, as Kiln's error is
         inp = work / f"{entry['model']}_{entry['dtype']}.inputs.ktensors"
         exp = work / f"{entry['model']}_{entry['dtype']}.expected.ktensors"
         tensor_file.save(inp, [x.cpu()])
@@ -95,6 +97,7 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
             worst = float("nan")
             break
         worst = max(worst, max(found))
+        per_trial.append([max(found), trial_torch])
         if proc.returncode != 0 and proc.returncode != 1:
             errors.append(f"kiln_runner exit {proc.returncode}")
     del model, exact
@@ -106,6 +109,7 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
         out["error"] = errors[0]
     if torch_fp16 is not None:
         out["torch_fp16_rel_err"] = torch_fp16
+        out["trials"] = per_trial  # [Kiln, PyTorch float16] per input draw
     return out
 
 
