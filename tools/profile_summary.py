@@ -17,7 +17,9 @@ import sys
 # "kernel kiln_<family>_..") and PyTorch/cuBLAS/Triton kernel names.
 _BUCKETS = (
     ("attention", r"attention|flash|fmha|sdpa|efficient_attention"),
-    ("gemm", r"^gemm |gemm|cutlass|xmma|sm90_|sm80_|ampere_|cublas|nvjet|matmul|bmm"),
+    # before norm/elementwise: Kiln's matrix-vector kernels carry their fused
+    # prologue/epilogue in the label ("rms_norm+linear kernel kiln_gemv_5")
+    ("gemm", r"^gemm |gemm|gemv|cutlass|xmma|sm90_|sm80_|ampere_|cublas|nvjet|matmul|bmm"),
     ("conv", r"^conv |conv|implicit|winograd|depthwise"),
     ("softmax", r"softmax"),
     ("norm", r"norm|rms|triton_red|triton_per"),

@@ -199,3 +199,16 @@ def test_llm_roofline_follows_the_gpu_that_ran():
     h200_tps, per_token = llm_bench.roofline_tokens_per_s(manifest, 2)
     h100_tps, same = llm_bench.roofline_tokens_per_s(manifest, 2, h100)
     assert same == per_token and abs(h200_tps / h100_tps - 4.8 / 3.35) < 1e-9
+
+
+def test_profile_buckets_put_fused_gemv_steps_under_gemm():
+    """A matrix-vector step's label names its fused norm or epilogue; the
+    bucket is the product's (the 410M decode profile showed them as norm and
+    elementwise)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import profile_summary
+
+    assert profile_summary.bucket_of("rms_norm+linear kernel kiln_gemv_5 grid=160x1x1") == "gemm"
+    assert profile_summary.bucket_of("linear+add kernel kiln_gemv_11 grid=96x1x1") == "gemm"
+    assert profile_summary.bucket_of("rms_norm kernel kiln_rms_norm_5 grid=32x1x1") == "norm"
+    assert profile_summary.bucket_of("attention kernel kiln_attention_7") == "attention"
