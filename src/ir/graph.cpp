@@ -87,8 +87,7 @@ int Graph::add_input(const std::string& name, DType dtype, std::vector<int64_t> 
   return id;
 }
 
-int Graph::add_constant(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                        std::vector<uint8_t> data) {
+int Graph::add_constant(const std::string& name, DType dtype, std::vector<int64_t> shape, Bytes data) {
   int id = new_value(name, dtype, std::move(shape));
   Value& v = values_[static_cast<size_t>(id)];
   if (data.size() != v.nbytes()) {
@@ -102,7 +101,7 @@ int Graph::add_constant(const std::string& name, DType dtype, std::vector<int64_
 }
 
 int Graph::add_state(const std::string& name, DType dtype, std::vector<int64_t> shape, const std::string& key,
-                     std::vector<uint8_t> init) {
+                     Bytes init) {
   int id = new_value(name, dtype, std::move(shape));
   Value& v = values_[static_cast<size_t>(id)];
   if (!init.empty() && init.size() != v.nbytes())

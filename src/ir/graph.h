@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "ir/bytes.h"
 #include "engine_format/engine_desc.h"
 
 namespace kiln {
@@ -40,7 +41,7 @@ struct Value {
   std::vector<int64_t> shape;
   bool is_constant = false;
   bool is_state = false;      // mutable state (Graph::states): its value before this run
-  std::vector<uint8_t> data;  // constants: contiguous row-major bytes; states: initial value (empty: zeros)
+  Bytes data;  // constants: contiguous row-major bytes; states: initial value (empty: zeros); shared, immutable
   int producer = -1;          // node index, -1 for inputs and constants
 
   int64_t numel() const;
@@ -73,8 +74,7 @@ struct State {
 class Graph {
  public:
   int add_input(const std::string& name, DType dtype, std::vector<int64_t> shape);
-  int add_constant(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                   std::vector<uint8_t> data);
+  int add_constant(const std::string& name, DType dtype, std::vector<int64_t> shape, Bytes data);
   // Adds a node whose outputs are new values with the given dtypes/shapes
   // (as recorded by FX's fake-tensor metadata). Returns the node index.
   int add_node(const std::string& op, const std::string& name, std::vector<int> inputs,
@@ -89,7 +89,7 @@ class Graph {
   // A state value (no producer, not an input); `init` is its initial bytes
   // (empty: zeros).
   int add_state(const std::string& name, DType dtype, std::vector<int64_t> shape, const std::string& key,
-                std::vector<uint8_t> init = {});
+                Bytes init = {});
   // After a run, state `state` (a value from add_state) holds `value`.
   void set_state_update(int state, int value);
   const std::vector<State>& states() const { return states_; }

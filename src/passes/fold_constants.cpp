@@ -105,7 +105,7 @@ void fold_constants(ir::Graph& graph) {
     ir::Value& out = graph.value(node.outputs[0]);
     if (out.numel() != in.numel() || out.dtype != in.dtype)
       throw CompileError("node '" + node.name + "': output does not match its input's size or dtype");
-    out.data = permute ? permute_constant_data(in, ops::permutation_of(node, in.shape.size())) : in.data;
+    out.data = permute ? ir::Bytes(permute_constant_data(in, ops::permutation_of(node, in.shape.size()))) : in.data;
     out.is_constant = true;
     out.producer = -1;
     node.op = "kiln.folded";
