@@ -206,20 +206,19 @@ def build_program(program: ExportedProgram, build: Callable[[], object], request
     return BuiltProgram(model, all_sizes, key.hexdigest(), exact, node_ops, build_variant)
 
 
-def compile_program(built: BuiltProgram, compile_one: Callable[[object], bytes], weights_prefix: str = "") -> bytes:
+def compile_program(built: BuiltProgram, compile_one: Callable[..., bytes], weights_prefix: str = "") -> bytes:
     """One engine for a static program; for a dynamic one, a variant set of
-    one engine per variant, built and compiled one at a time. With a
-    weights prefix (kiln.compile's named weights), every variant but the
-    first names its weights at once: they are the first's (content keys), so
-    the blob holds one inline copy, which preprocess moves to named data."""
+    one engine per variant, built and compiled one at a time.
+    `compile_one(graph, name_weights="")` compiles one graph (_trial.compile_graph).
+    With a weights prefix (kiln.compile's named weights), every variant but
+    the first is compiled with its weights named and left out: they are the
+    first's (content keys), so the blob holds one inline copy, which
+    preprocess moves to named data."""
     if not built.model.dynamic:
         return compile_one(built.graph)
     engines = []
     for index, sizes in enumerate(built.sizes):
-        engine = compile_one(built.build_variant(sizes))
-        if index > 0 and weights_prefix:
-            engine, _entries = native().externalize_weights(engine, weights_prefix)
-        engines.append(engine)
+        engines.append(compile_one(built.build_variant(sizes), weights_prefix if index > 0 else ""))
     names = [name for name, _lo, _hi in built.model.symbols]
     values = [[sizes[name] for name in names] for sizes in built.sizes]
     return native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines)

@@ -134,9 +134,11 @@ def check_injected(node_ops: Iterable[tuple[str, str]]) -> None:
 SLOW_COMPILE_S = 3.0
 
 
-def compile_graph(built, options, progress: Optional[Callable[[str], None]] = None) -> bytes:
+def compile_graph(built, options, progress: Optional[Callable[[str], None]] = None, name_weights: str = "") -> bytes:
     """Compiles a graph_builder.BuiltGraph with `options`; every compile of
-    the front end goes through here."""
+    the front end goes through here. `name_weights`: a key prefix; the
+    engine names its weights with it and does not store them (a further
+    shape variant's engine, _dynamic.compile_program)."""
     from ._logging import progress as lowering_progress
 
     from . import _timing
@@ -144,7 +146,7 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
     check_injected(built.node_ops)
     start = time.perf_counter()
     try:
-        engine = _native_compile(built, options, progress)
+        engine = _native_compile(built, options, progress, name_weights)
     finally:
         _timing.compiled(time.perf_counter() - start)
     if progress is not None:
@@ -152,7 +154,7 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
     return bytes(engine)
 
 
-def _native_compile(built, options, progress):
+def _native_compile(built, options, progress, name_weights=""):
     return native().compile(
         built.graph,
         target_sms=list(options.target_sms),
@@ -166,6 +168,7 @@ def _native_compile(built, options, progress):
         gemv_kernels=options.gemv_kernels,
         overlap_launches=options.overlap_launches,
         debug_dir=_compile_debug_dir(options.debug_dir),
+        name_weights=name_weights,
     )
 
 

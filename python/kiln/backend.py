@@ -57,7 +57,7 @@ class KilnBackend(BackendDetails):
             if built.graph is not None:
                 logger.debug("kiln: partition graph:\n%s", built.graph.graph.describe())
             try:
-                engine = _dynamic.compile_program(built, lambda graph: _trial.compile_graph(graph, options, _progress),
+                engine = _dynamic.compile_program(built, lambda graph, name_weights="": _trial.compile_graph(graph, options, _progress, name_weights),
                                                   options.weights_prefix)
             except CompileError as e:
                 # Too late to fall back: the partition is fixed by now.

@@ -518,7 +518,8 @@ class _Trial:
             if announce_as is not None:
                 progress.trial(*announce_as)
             engine = _dynamic.compile_program(
-                built, lambda graph: _trial.compile_graph(graph, self.options, _progress if announce_as else None),
+                built, lambda graph, name_weights="": _trial.compile_graph(
+                    graph, self.options, _progress if announce_as else None, name_weights),
                 self.options.weights_prefix)
             if built.exact:
                 _trial.ENGINE_CACHE.put(key, engine)

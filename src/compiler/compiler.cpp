@@ -487,10 +487,16 @@ std::vector<std::string> pass_names() {
 
 std::vector<uint8_t> compile_graph(const ir::Graph& graph, const CompileOptions& options) {
   engine::EngineDesc desc = compile_to_desc(graph, options);
+  const size_t weight_bytes = desc.weights.size();
+  if (!options.weights_named_as.empty()) {
+    Result<std::vector<std::vector<uint8_t>>> named = engine::externalize_weights(&desc, options.weights_named_as);
+    if (!named.is_ok()) throw CompileError("naming the engine's weights: " + named.status().message());
+  }
   Result<std::vector<uint8_t>> bytes = engine::serialize_engine(desc);
   if (!bytes.is_ok()) throw CompileError("the compiled engine failed validation: " + bytes.status().message());
   report(options, "engine: " + std::to_string(bytes.value().size()) + " bytes (" +
-                      std::to_string(desc.weights.size()) + " of weights, arena " +
+                      std::to_string(weight_bytes) + " of weights" +
+                      (options.weights_named_as.empty() ? "" : ", named, not stored") + ", arena " +
                       std::to_string(desc.arena_bytes) + " bytes, " + std::to_string(desc.steps.size()) + " steps)");
   return std::move(bytes).value();
 }

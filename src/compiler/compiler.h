@@ -56,6 +56,12 @@ struct CompileOptions {
   std::string debug_dir;
   // Called with a one-line progress message (per phase and per kernel).
   std::function<void(const std::string&)> progress;
+  // When not empty, compile_graph names the weights with this key prefix
+  // (engine::externalize_weights) and leaves their bytes out: the engine of
+  // a further shape variant, whose weights the first variant's engine
+  // already carries (python/kiln/_dynamic.py). Saves writing and re-reading
+  // every weight once more per variant.
+  std::string weights_named_as;
 };
 
 // The passes compile_to_desc runs, in order (the names used in debug dumps).

@@ -85,7 +85,7 @@ nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, b
                      std::vector<std::string> enabled_precisions, int use_cuda_graphs,
                      nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
                      const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms,
-                     bool overlap_launches) {
+                     bool overlap_launches, const std::string& name_weights) {
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
     throw nb::value_error("use_cuda_graphs must be -1 (no choice), 0 or 1");
   compiler::CompileOptions options;
@@ -101,6 +101,7 @@ nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, b
   options.op_options.gemv_kernels = gemv_kernels;
   options.overlap_launches = overlap_launches;
   options.debug_dir = debug_dir;
+  options.weights_named_as = name_weights;
 
   std::optional<nb::python_error> callback_error;
   if (!progress.is_none()) {
@@ -216,9 +217,10 @@ NB_MODULE(_kiln_compiler, m) {
         "enabled_precisions"_a = std::vector<std::string>{"float32"},
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",
         "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
-        "cubin_sms"_a = std::vector<uint32_t>{}, "overlap_launches"_a = true,
+        "cubin_sms"_a = std::vector<uint32_t>{}, "overlap_launches"_a = true, "name_weights"_a = "",
         "Compiles a Graph into serialized engine bytes. Raises CompileError.\n"
-        "cubin_sms: the SMs that get a cubin (empty: each of target_sms).");
+        "cubin_sms: the SMs that get a cubin (empty: each of target_sms).\n"
+        "name_weights: a key prefix: the weights are named with it and left out of the engine.");
   m.def(
       "nvrtc_cache_stats",
       [] {

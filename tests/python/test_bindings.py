@@ -144,3 +144,22 @@ def test_compile_releases_the_gil(kc):
         t.join()
     assert not errors
     assert len(results) == 2 and all(msgs for _, msgs in results)
+
+
+def test_compile_can_name_its_weights(kc):
+    """compile(name_weights=prefix) gives the engine externalize_weights
+    gives the plain compile, without writing the weights into it first (a
+    further shape variant's engine)."""
+    import random
+
+    g = kc.Graph()
+    x = g.add_input("x", "float32", [2, 3])
+    w = g.add_constant("w", "float32", [3], bytes(random.getrandbits(8) for _ in range(12)))
+    (y,) = g.add_node("aten.mul.Tensor", "scale", [x, w], {}, [("float32", [2, 3])])
+    g.set_outputs([y])
+    plain = kc.compile(g, target_sms=[90], emit_ptx=False)
+    moved, entries = kc.externalize_weights(plain, "kiln/t/")
+    named = kc.compile(g, target_sms=[90], emit_ptx=False, name_weights="kiln/t/")
+    assert named == moved and len(named) < len(plain)
+    assert [key for key, *_ in entries] and all(key.startswith("kiln/t/") for key, *_ in entries)
+    assert [n["key"] for n in kc.inspect_engine(named)["named_weights"]] == [key for key, *_ in entries]
