@@ -36,33 +36,16 @@ foreach(family resample convt gather pointwise launch_group)
   target_link_libraries(kiln_compiler_${family}_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
   gtest_discover_tests(kiln_compiler_${family}_tests)
 endforeach()
-# Normalization kernels (layer, group, instance norm), each block's threads
-# as cooperating fibers (cuda_block_shim.h); also their planning and layout.
-add_executable(kiln_compiler_norm_tests compiler_norm_test.cpp compiler_test_util.cpp)
-target_compile_definitions(kiln_compiler_norm_tests PRIVATE
-  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
-  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
-target_link_libraries(kiln_compiler_norm_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
-gtest_discover_tests(kiln_compiler_norm_tests)
-# Row ops (softmax, safe softmax, RMSNorm), the same way.
-add_executable(kiln_compiler_rows_tests compiler_rows_test.cpp compiler_test_util.cpp)
-target_compile_definitions(kiln_compiler_rows_tests PRIVATE
-  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
-  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
-target_link_libraries(kiln_compiler_rows_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
-gtest_discover_tests(kiln_compiler_rows_tests)
-# Decode-step ops (argmax, the fused rotary embedding), the same way.
-add_executable(kiln_compiler_decode_tests compiler_decode_test.cpp compiler_test_util.cpp)
-target_compile_definitions(kiln_compiler_decode_tests PRIVATE
-  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
-  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
-target_link_libraries(kiln_compiler_decode_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
-gtest_discover_tests(kiln_compiler_decode_tests)
-# Attention writing through the heads merge after it (grouped-query rows),
-# its kernels as cooperating fibers (cuda_block_shim.h).
-add_executable(kiln_compiler_attention_output_tests compiler_attention_output_test.cpp compiler_test_util.cpp)
-target_compile_definitions(kiln_compiler_attention_output_tests PRIVATE
-  KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
-  KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
-target_link_libraries(kiln_compiler_attention_output_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
-gtest_discover_tests(kiln_compiler_attention_output_tests)
+# Kernels whose threads cooperate, each block's threads as fibers
+# (cuda_block_shim.h), with their planning and layout: normalization (layer,
+# group, instance norm); row ops (softmax, safe softmax, RMSNorm); decode-step
+# ops (argmax, the fused rotary embedding, decode attention, GEMV); attention
+# writing through the heads merge after it (grouped-query rows).
+foreach(family norm rows decode attention_output)
+  add_executable(kiln_compiler_${family}_tests compiler_${family}_test.cpp compiler_test_util.cpp)
+  target_compile_definitions(kiln_compiler_${family}_tests PRIVATE
+    KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"
+    KILN_BLOCK_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_block_shim.h")
+  target_link_libraries(kiln_compiler_${family}_tests PRIVATE kiln_host_kernel_util GTest::gtest_main)
+  gtest_discover_tests(kiln_compiler_${family}_tests)
+endforeach()
