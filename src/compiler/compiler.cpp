@@ -187,7 +187,7 @@ class Lowering final : public ops::LowerContext {
       values.insert(values.end(), writes.begin(), writes.end());
       auto written = [&](int root) {
         for (int w : writes)
-          if (w == root || plan_.storage_of(w) == root) return true;
+          if (plan_.storage_of(w) == root) return true;
         return false;
       };
       for (int v : values) {
