@@ -28,47 +28,15 @@ uint32_t target_sm(const std::string& line) {
 
 }  // namespace
 
-std::string grid_dependency_prelude() {
-  // The marker is an inline-asm comment: NVRTC copies it into the PTX where
-  // the call stands, and the "memory" clobber keeps loads and stores on
-  // their side of it. Prefetches only warm L2 and may come before it.
-  return std::string(R"(__device__ __forceinline__ void kiln_grid_wait() { asm volatile(")") + kGridWaitMarker +
-         R"(" ::: "memory"); }
-__device__ __forceinline__ void kiln_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
-)";
-}
-
 std::string add_grid_dependency(const std::string& ptx) {
-  static const char* kInstructions = "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n";
   std::istringstream in(ptx);
   std::ostringstream out;
   std::string line;
   bool target_seen = false;
   bool in_entry_header = false;  // after ".entry", before its body's "{"
-  int depth = 0;                 // brace depth inside an entry's body
-  std::vector<std::string> body;  // the body being read, after its "{"
-  bool marked = false;           // the body has a marker
   int entries = 0, patched = 0;
   while (std::getline(in, line)) {
     const std::string t = trimmed(line);
-    if (depth > 0) {  // inside an entry's body: held until its closing brace
-      const std::string code = t.substr(0, t.find("//"));
-      for (char c : code) depth += c == '{' ? 1 : c == '}' ? -1 : 0;
-      if (t == kGridWaitMarker) {
-        marked = true;
-        body.push_back(kInstructions);
-      } else {
-        body.push_back(line + "\n");
-      }
-      if (depth == 0) {
-        if (!marked) out << kInstructions;
-        for (const std::string& l : body) out << l;
-        body.clear();
-        ++patched;
-      }
-      continue;
-    }
-    if (t == kGridWaitMarker) throw CompileError("internal: a grid-wait marker outside a PTX .entry body");
     if (!target_seen && starts_with(t, ".target ")) {
       target_seen = true;
       const uint32_t sm = target_sm(t);
@@ -86,13 +54,13 @@ std::string add_grid_dependency(const std::string& ptx) {
       in_entry_header = true;
       ++entries;
     } else if (in_entry_header && t == "{") {
+      out << "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n";
       in_entry_header = false;
-      depth = 1;
-      marked = false;
+      ++patched;
     }
   }
   if (!target_seen) throw CompileError("internal: PTX without a .target line");
-  if (in_entry_header || depth != 0 || patched != entries)
+  if (in_entry_header || patched != entries)
     throw CompileError("internal: a PTX .entry has no body to add griddepcontrol to");
   return out.str();
 }

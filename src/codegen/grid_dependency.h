@@ -17,16 +17,6 @@
 // kernel with the programmatic attribute only when it runs such a cubin
 // (runtime/steps/kernel_step_exec.cpp). Since every kernel waits before it
 // touches memory, the order of all reads and writes is the stream's order.
-//
-// A kernel may instead choose where it waits: it calls kiln_grid_wait()
-// (grid_dependency_prelude()) and, before that, only kiln_prefetch_l2() on
-// what it will read (e.g. a GEMV's weight rows). The call leaves a marker
-// comment in the PTX that becomes the two instructions in the sm_90+ build,
-// and the top of that entry gets nothing. A prefetch into L2 has no visible
-// effect (L2 is coherent; it may even touch bytes the predecessor is about
-// to write), so the early part only warms the cache with the next kernel's
-// bytes while the previous kernel runs: the weight stream of a decode step
-// no longer stops at every kernel boundary.
 #pragma once
 
 #include <cstdint>
@@ -37,19 +27,11 @@ namespace kiln::codegen {
 // The oldest SM with griddepcontrol.
 constexpr uint32_t kGridDependencyMinSm = 90;
 
-// The PTX comment kiln_grid_wait() leaves where the kernel waits.
-constexpr const char* kGridWaitMarker = "// kiln:grid-wait";
-
-// CUDA source for generated modules: kiln_grid_wait() and
-// kiln_prefetch_l2(const void*), as described above.
-std::string grid_dependency_prelude();
-
 // `ptx` (NVRTC output for compute_XX, XX < 90 or not) with
 // griddepcontrol.wait and griddepcontrol.launch_dependents as the first
-// instructions of every .entry (in place of its kGridWaitMarker lines when it
-// has any), and `.target` at least sm_90. Throws CompileError when the text
-// is not PTX as NVRTC writes it (no .target, an .entry without a body, a
-// marker outside an .entry).
+// instructions of every .entry, and `.target` at least sm_90. Throws
+// CompileError when the text is not PTX as NVRTC writes it (no .target, or
+// an .entry without a body).
 std::string add_grid_dependency(const std::string& ptx);
 
 }  // namespace kiln::codegen

@@ -470,23 +470,7 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "  __shared__ float part[kWarps * kR * (kDv + 2)];  // per warp and row: max, sum, output\n"
     << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n";
   emit_bases(s, p);
-  // This block's keys: all, or its split's [kBegin, kEnd).
-  if (p.splits > 1)
-    s << "  const long long kBegin = (long long)blockIdx.x * " << ll(split_keys(p))
-      << ", kEnd = min(kKeys, kBegin + " << ll(split_keys(p)) << ");\n";
-  else
-    s << "  const long long kBegin = 0, kEnd = kKeys;\n";
-  // The cache rows this block reads go to L2 while the previous kernel runs
-  // (codegen/grid_dependency.h; a prefetch has no visible effect, so the row
-  // that kernel is writing may be among them).
-  s << "  for (long long n = kBegin + threadIdx.x; n < kEnd; n += " << 32 * warps << ") {\n"
-    << "    for (int c = 0; c < kD; c += 128 / (int)sizeof(T)) kiln_prefetch_l2(kb + n * " << ll(p.k_strides[2])
-    << " + c);\n"
-    << "    for (int c = 0; c < kDv; c += 128 / (int)sizeof(T)) kiln_prefetch_l2(vb + n * " << ll(p.v_strides[2])
-    << " + c);\n"
-    << "  }\n"
-    << "  kiln_grid_wait();\n"
-    << "  for (int c = threadIdx.x; c < kR * kD; c += " << 32 * warps << ")\n"
+  s << "  for (int c = threadIdx.x; c < kR * kD; c += " << 32 * warps << ")\n"
     << "    qs[c] = " << load_expr(p.dtype, "qb[(long long)(c / kD) * " + ll(p.q_strides[2]) + " + c % kD]") << ";\n"
     << "  __syncthreads();\n"
     << "  float m_run[kR], l_run[kR], acc[kR][kPer];\n"
@@ -496,6 +480,12 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    #pragma unroll\n"
     << "    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;\n"
     << "  }\n";
+  // This block's keys: all, or its split's [kBegin, kEnd).
+  if (p.splits > 1)
+    s << "  const long long kBegin = (long long)blockIdx.x * " << ll(split_keys(p))
+      << ", kEnd = min(kKeys, kBegin + " << ll(split_keys(p)) << ");\n";
+  else
+    s << "  const long long kBegin = 0, kEnd = kKeys;\n";
   s << "  for (long long n0 = kBegin + (long long)warp * 32; n0 < kEnd; n0 += 32 * kWarps) {\n"
     << "    const long long key = n0 + lane;\n"
     << "    float x[kR];\n"

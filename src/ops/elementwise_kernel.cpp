@@ -8,7 +8,6 @@
 #include <variant>
 
 #include "codegen/cuda_dtype.h"
-#include "codegen/grid_dependency.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -196,7 +195,7 @@ __device__ __forceinline__ float kiln_elu(float x, float alpha, float scale, flo
   return x > 0.0f ? scale * x : scale * alpha * expm1f(x * input_scale);
 }
 __device__ __forceinline__ float kiln_sign(float x) { return x != x ? x : (x > 0.0f) - (x < 0.0f); }
-)" + codegen::grid_dependency_prelude();
+)";
 }
 
 std::string emit_elementwise_chain(const ir::Graph& graph, const std::vector<int>& nodes,

@@ -68,15 +68,7 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
       << "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n";
   else
     s << "  if (col >= kN) return;\n";
-  // The weight rows are constants no step writes: they are prefetched into
-  // L2 before the wait for the previous kernel (codegen/grid_dependency.h),
-  // so their DRAM reads overlap that kernel instead of following it.
-  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
-    << "  for (long long v = (long long)lane * 8; v < kVecs; v += 32 * 8) {  // one 128-byte line a lane\n"
-    << "    kiln_prefetch_l2(wr + v);\n"
-    << (pair ? "    kiln_prefetch_l2(wr2 + v);\n" : "")
-    << "  }\n"
-    << "  kiln_grid_wait();\n";
+  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n";
   if (norm) {
     // RMSNorm prologue: each warp computes its rows' rsqrt(mean(x^2) + eps)
     // (a row is a few KiB, read from cache by every warp); the products then

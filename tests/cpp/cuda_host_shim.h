@@ -68,11 +68,6 @@ inline unsigned short kiln_st_bf16(float f) {
   return static_cast<unsigned short>(u >> 16);
 }
 
-// Programmatic dependent launch (codegen/grid_dependency.h): one kernel at a
-// time here, so the wait and the L2 prefetch do nothing.
-inline void kiln_grid_wait() {}
-inline void kiln_prefetch_l2(const void*) {}
-
 // cuLaunchKernel's convention: args[i] points at the i-th parameter's value.
 template <class... A, size_t... I>
 void kiln_shim_call(void (*f)(A...), void** args, std::index_sequence<I...>) {

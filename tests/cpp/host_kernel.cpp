@@ -72,7 +72,7 @@ std::string host_prelude() {
     block += line + "\n";
     for (char ch : line) depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
     if (depth == 0) {
-      if (block.find("asm(") == std::string::npos && block.find("asm volatile(") == std::string::npos) out += block;
+      if (block.find("asm(") == std::string::npos) out += block;
       block.clear();
     }
   }

@@ -119,43 +119,7 @@ TEST(GridDependency, Sm90CubinsWaitOlderOnesAndThePtxDoNot) {
   }
 }
 
-// A kernel that calls kiln_grid_wait() waits there, after its prefetches, and
-// only there; the other kernels of the module still wait at their top.
-TEST(GridDependency, AKernelWithTheMarkerWaitsWhereItSays) {
-  const std::string source = grid_dependency_prelude() + random_source(2) +
-                             "extern \"C\" __global__ void late(float* out, const float* w, const float* x) {\n"
-                             "  const float* row = w + blockIdx.x * 64;\n"
-                             "  kiln_prefetch_l2(row);\n"
-                             "  kiln_grid_wait();\n"
-                             "  out[blockIdx.x] = row[threadIdx.x] * x[threadIdx.x];\n"
-                             "}\n";
-  engine::KernelModule plain = compile_module("m", source, {80}, true);
-  ASSERT_EQ(count(plain.ptx, kGridWaitMarker), 1u) << plain.ptx;
-  const std::string patched = add_grid_dependency(plain.ptx);
-  EXPECT_EQ(count(patched, kGridWaitMarker), 0u);
-  EXPECT_EQ(count(patched, "griddepcontrol.wait;"), 3u);
-  EXPECT_EQ(count(patched, "griddepcontrol.launch_dependents;"), 3u);
-  const size_t late = patched.find(".entry late");
-  ASSERT_NE(late, std::string::npos);
-  const size_t body = patched.find("{\n", late);
-  const size_t prefetch = patched.find("prefetch.global.L2", late);
-  const size_t wait = patched.find("griddepcontrol.wait;", late);
-  const size_t load = patched.find("ld.global", late);
-  ASSERT_NE(prefetch, std::string::npos);
-  ASSERT_NE(load, std::string::npos);
-  EXPECT_NE(patched.compare(body + 2, 21, "\tgriddepcontrol.wait;"), 0);  // not at the top
-  EXPECT_LT(prefetch, wait);
-  EXPECT_LT(wait, load);  // every global load after it
-  // The patched PTX assembles for sm_90.
-  engine::KernelModule overlap = compile_module("m", source, {90}, true, {}, true);
-  ASSERT_EQ(overlap.cubins.size(), 1u);
-  EXPECT_EQ(cubin_sm(overlap.cubins[0].image), 90u);
-}
-
 TEST(GridDependency, RefusesTextThatIsNotNvrtcPtx) {
-  // A marker outside any entry's body.
-  EXPECT_THROW(add_grid_dependency(std::string(".version 9.0\n.target sm_80\n\t") + kGridWaitMarker + "\n"),
-               CompileError);
   EXPECT_THROW(add_grid_dependency(".version 9.0\n.visible .entry k(\n)\n{\n}\n"), CompileError);  // no .target
   EXPECT_THROW(add_grid_dependency(".version 9.0\n.target sm_80\n.visible .entry k(\n)\n"), CompileError);
   // Already sm_90: the target stays, the entry still gets the wait.
