@@ -151,6 +151,11 @@ TEST(DecodeOps, ArgmaxMatchesPyTorchRules) {
       {"ties_first_wins", {2, 700}, 1, DType::kFloat16, ArgmaxCase::kTies},
       {"nan_wins", {3, 900}, -1, DType::kFloat32, ArgmaxCase::kNaN},
       {"all_neg_inf", {2, 300}, -1, DType::kFloat32, ArgmaxCase::kAllNegInf},
+      // Rows past kArgmaxLongRow: the 1024-thread block.
+      {"long_row_bf16", {1, 32003}, -1, DType::kBFloat16},
+      {"long_row_ties", {1, 9001}, 1, DType::kFloat16, ArgmaxCase::kTies},
+      {"long_row_nan", {2, 8192}, -1, DType::kFloat32, ArgmaxCase::kNaN},
+      {"long_middle_dim", {2, 8200, 3}, 1, DType::kFloat32},
   };
   for (const ArgmaxCase& c : cases) check_argmax(c, rng);
 }
