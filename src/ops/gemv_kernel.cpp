@@ -68,22 +68,7 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
       << "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n";
   else
     s << "  if (col >= kN) return;\n";
-  // The first chunk of weight loads is issued before anything else (before
-  // the RMSNorm prologue's reads of x), so their DRAM latency overlaps it.
-  const std::string load_chunk =
-      std::string("    #pragma unroll\n"
-                  "    for (int g = 0; g < kG; ++g) {\n"
-                  "      const long long v = base + 32 * g;\n"
-                  "      if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n") +
-      (pair ? "      if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n" : "") +
-      "    }\n";
-  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
-    << "  uint4 wv[kG];\n"
-    << (pair ? "  uint4 wv2[kG];\n" : "")
-    << "  {\n"
-    << "    const long long base = lane;\n"
-    << load_chunk
-    << "  }\n";
+  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n";
   if (norm) {
     // RMSNorm prologue: each warp computes its rows' rsqrt(mean(x^2) + eps)
     // (a row is a few KiB, read from cache by every warp); the products then
@@ -121,8 +106,13 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
     << (pair ? "  #pragma unroll\n  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : "")
     << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n"
-    << "    if (base != lane) {  // the first chunk is already loaded\n"
-    << load_chunk
+    << "    uint4 wv[kG];\n"
+    << (pair ? "    uint4 wv2[kG];\n" : "")
+    << "    #pragma unroll\n"
+    << "    for (int g = 0; g < kG; ++g) {\n"
+    << "      const long long v = base + 32 * g;\n"
+    << "      if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n"
+    << (pair ? "      if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n" : "")
     << "    }\n"
     << "    #pragma unroll\n"
     << "    for (int g = 0; g < kG; ++g) {\n"
