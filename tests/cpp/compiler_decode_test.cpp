@@ -902,7 +902,9 @@ TEST(DecodeOps, GateUpProductComputesSiluTimesUp) {
   for (const PairCase& c : {PairCase{DType::kFloat32, 1, 40, 256, true, false},
                             PairCase{DType::kBFloat16, 1, 24, 512, false, false},
                             PairCase{DType::kFloat16, 3, 16, 256, true, false},
-                            PairCase{DType::kFloat32, 1, 40, 256, false, true}})
+                            PairCase{DType::kFloat32, 1, 40, 256, false, true},
+                            // Several chunks of weight loads a row (k > 32 lanes x 8 vectors).
+                            PairCase{DType::kBFloat16, 2, 8, 2048 + 8 * 37, true, false}})
     check_gemv_pair(c, index++, rng);
 }
 
@@ -913,7 +915,8 @@ TEST(DecodeOps, RmsNormIsTheMatrixVectorKernelsPrologue) {
                                   NormLinearCase{DType::kBFloat16, 1, 40, 1024, false, true, true, false},
                                   NormLinearCase{DType::kFloat16, 3, 17, 512, true, true, false, false},
                                   NormLinearCase{DType::kFloat32, 2, 8, 128, false, false, true, true},
-                                  NormLinearCase{DType::kFloat32, 6, 8, 128, false, false, true, false}})
+                                  NormLinearCase{DType::kFloat32, 6, 8, 128, false, false, true, false},
+                                  NormLinearCase{DType::kBFloat16, 1, 12, 4096 + 8 * 5, false, false, true, false}})
     check_norm_linear(c, index++, rng);
 }
 
