@@ -212,3 +212,44 @@ def test_profile_buckets_put_fused_gemv_steps_under_gemm():
     assert profile_summary.bucket_of("linear+add kernel kiln_gemv_11 grid=96x1x1") == "gemm"
     assert profile_summary.bucket_of("rms_norm kernel kiln_rms_norm_5 grid=32x1x1") == "norm"
     assert profile_summary.bucket_of("attention kernel kiln_attention_7") == "attention"
+
+
+def _ncu_csv(kernels):
+    """ncu --csv --page raw as it prints it: log lines, the header, a units
+    row, then one row a kernel (numbers with thousands separators)."""
+    cols = ["ID", "Kernel Name", "Grid Size", "Block Size", "dram__bytes_read.sum", "gpu__time_duration.sum",
+            "launch__registers_per_thread"]
+    out = ["==PROF== Connected to process 1", "KilnBackend: registered",
+           ",".join(f'"{c}"' for c in cols), ",".join(['""', '""', '""', '""', '"byte"', '"ns"', '"register/thread"'])]
+    for i, (name, ns, by) in enumerate(kernels):
+        out.append(",".join(f'"{v}"' for v in [i, name, "(8, 1, 1)", "(128, 1, 1)", f"{by:,}", f"{ns:,}", 40]))
+    return "\n".join(out) + "\n"
+
+
+def test_ncu_summary_groups_families_takes_the_last_run_and_the_overhead(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import random
+
+    import ncu_summary
+
+    rng = random.Random()
+    warm = [(f"kiln_gemv_{i}", rng.randint(3000, 9000), rng.randint(10**6, 10**7)) for i in range(3)]
+    run = [(f"kiln_gemv_{i}", rng.randint(3000, 9000), rng.randint(10**6, 10**7)) for i in range(4)]
+    run += [("kiln_argmax_9", rng.randint(3000, 20000), 72192)]
+    path = tmp_path / "decode.csv"
+    path.write_text(_ncu_csv(warm + run))
+    assert ncu_summary.main([str(path), "--last", str(len(run)), "--overhead-us", "2.5", "--peak-gbs", "3350"]) == 0
+    text = capsys.readouterr().out
+    gemv = [k for k in run if k[0].startswith("kiln_gemv")]
+    us = sum(ns / 1e3 - 2.5 for _, ns, _ in gemv)
+    row = next(line for line in text.splitlines() if line.startswith("| kiln_gemv |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "4" and abs(float(cells[2]) - us) < 0.06
+    assert abs(float(cells[5]) - sum(b for _, _, b in gemv) / (us * 1e3)) <= 1
+    assert f"over {len(run)} kernels" in text
+    # Not ncu output, or more kernels asked for than there are: exit 2 naming the file.
+    bad = tmp_path / "bad.csv"
+    bad.write_text("latency 1 ms\n")
+    assert ncu_summary.main([str(bad)]) == 2
+    assert ncu_summary.main([str(path), "--last", "99"]) == 2
+    assert "bad.csv" in capsys.readouterr().err
