@@ -149,3 +149,23 @@ def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
     results = json.loads((out / f"coverage_gpu_{group.name}.json").read_text())
     assert sorted(r["dtype"] for r in results) == ["float16", "float32"]
     assert all(r["ok"] and r["rel_err"] == 2.5e-07 for r in results)
+
+
+def test_fp16_sensitivity_measures_rounding_without_float16_arithmetic(tmp_path, capsys):
+    """tools/coverage/fp16_sensitivity.py: the float32 model with its leaf
+    outputs rounded to float16 lands off the exact run, by more than zero and
+    far less than the output itself, and the same draw gives the same figure."""
+    import fp16_sensitivity
+
+    first = fp16_sensitivity.sensitivity("squeezenet1_1", draws=2)
+    again = fp16_sensitivity.sensitivity("squeezenet1_1", draws=1)
+    assert [r["input_seed"] for r in first] == [1000, 1001]
+    for r in first:
+        assert 0 < r["rounded"] < 0.5 and 0 < r["input_ulp"] < 0.5, r
+    assert again[0] == first[0]
+    out = tmp_path / "s.json"
+    assert fp16_sensitivity.main(["squeezenet1_1", "--draws", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["draws"][0] == first[0]
+    assert "of 1 draws over 1e-2" in capsys.readouterr().out
+    assert fp16_sensitivity.main(["not_a_model"]) == 2
+    assert "not_a_model" in capsys.readouterr().err
