@@ -60,6 +60,15 @@ void* build_host_module(const std::string& source, const std::string& tag, const
   return handle;
 }
 
+BlockLaunch block_launcher(const std::string& source, const std::string& fn, const std::string& tag,
+                           const std::string& block_shim_header, const std::string& order) {
+  const std::string wrapped = host_prelude() + source +
+                              "\nextern \"C\" void kiln_test_launch(void** args, unsigned grid, unsigned block) {\n"
+                              "  kiln_shim_launch_blocks(&" + fn + ", args, grid, block, " + order + ");\n}\n";
+  void* lib = build_host_module(wrapped, tag, block_shim_header);
+  return lib == nullptr ? nullptr : reinterpret_cast<BlockLaunch>(dlsym(lib, "kiln_test_launch"));
+}
+
 std::string host_prelude() {
   std::istringstream in(ops::pointwise_prelude());
   std::string line, block, out;

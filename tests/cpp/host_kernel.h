@@ -29,6 +29,15 @@ void* build_host_module(const std::string& source, const std::string& tag, const
 void run_host_kernel(const std::string& src, const std::string& fn, const std::string& tag, void** args,
                      unsigned grid, unsigned block, const std::string& shim_header);
 
+// Kernel `fn` of `source` (after host_prelude()) built with cuda_block_shim.h
+// at `block_shim_header` (its threads cooperate), as a launcher of its whole
+// grid, blocks in order and each block's warps in `order` (a kiln_shim::Order
+// spelled as C++); nullptr after a GoogleTest failure when it does not build.
+using BlockLaunch = void (*)(void** args, unsigned grid, unsigned block);
+BlockLaunch block_launcher(const std::string& source, const std::string& fn, const std::string& tag,
+                           const std::string& block_shim_header,
+                           const std::string& order = "kiln_shim::Order::kLowWarpFirst");
+
 // ops::pointwise_prelude() without its PTX-asm functions (the shim defines those).
 std::string host_prelude();
 
