@@ -119,6 +119,12 @@ def is_size_node(node: Any) -> bool:
     return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.SymInt)
 
 
+def compute_nodes(nodes) -> list[torch.fx.Node]:
+    """The nodes a partition computes (not getitems, not aten.sym_size: a
+    partition of sizes alone is no partition)."""
+    return [n for n in nodes if n.op == "call_function" and not is_getitem(n) and not is_size_node(n)]
+
+
 def tensor_type(value: Any, what: str) -> TensorType:
     """TensorType of a (fake) tensor; UnsupportedNode for symbolic shapes
     (outside specialized()) or dtypes Kiln does not have."""

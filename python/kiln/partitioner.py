@@ -2,7 +2,8 @@
 
 Support is decided by the C++ compiler (``check_support``), the one source of
 truth, so the partitioner never promises a node the compiler will refuse.
-Each proposed partition is then trial-compiled (``_trial.py``): a partition
+Each proposed partition is then trial-compiled (``_partition_trial.py``, on
+``_trial.py``'s compile and engine cache): a partition
 that fails for any reason loses its failing node to ExecuTorch's CPU kernels
 (one printed line names the op and the reason) and the partitions are proposed
 again, so an export never aborts because of the engine compiler. The engines
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -30,13 +30,12 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import _dynamic, _fx_nodes, _timing, _trial
+from . import _dynamic, _fx_nodes, _timing
+from ._partition_trial import PartitionTrial, announce_fallback
 from ._logging import announce, progress
 from ._native import CompileError, native
 from ._options import KilnOptions, validate_options
-from .backend import KilnBackend, _progress, engine_key  # noqa: F401 - registers the backend class
-from . import graph_builder
-from .graph_builder import build
+from .backend import KilnBackend  # noqa: F401 - registers the backend class
 
 logger = logging.getLogger("kiln")
 
@@ -46,10 +45,6 @@ LINEAR = "aten.linear.default"
 MAX_TRIAL_ROUNDS = 64
 # Failures of one op after which all its nodes stay on the CPU.
 SYSTEMATIC_FAILURES = 8
-# Ops that run as a GEMM step; a failing GEMM step that names its input or
-# output tensor is blamed on the GEMM node, not on the tensor's producer.
-_GEMM_OPS = {"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.bmm.default",
-             "aten.convolution.default"}
 # ops_to_not_decompose: decompose every aten.linear (see LinearLeftToCpu).
 DECOMPOSE_ALL_LINEARS = "*"
 
@@ -228,13 +223,6 @@ class KilnOperatorSupport(OperatorSupportBase):
         return True
 
 
-def _compute_nodes(nodes) -> list[torch.fx.Node]:
-    """The nodes a partition computes (not getitems, not aten.sym_size: a
-    partition of sizes alone is no partition)."""
-    return [n for n in nodes if n.op == "call_function" and not _fx_nodes.is_getitem(n)
-            and not _fx_nodes.is_size_node(n)]
-
-
 # Ops to_edge would otherwise decompose, kept as one node when the compiler
 # takes it (KilnPartitioner.ops_to_not_decompose), as aten.linear is.
 KEPT_WHEN_TAKEN = (
@@ -344,7 +332,7 @@ class KilnPartitioner(Partitioner):
             skip_horizontal_fusion=True,
         ).propose_partitions()
         kept = [
-            p for p in proposed if len(_compute_nodes(p.nodes)) >= self.options.min_block_size
+            p for p in proposed if len(_fx_nodes.compute_nodes(p.nodes)) >= self.options.min_block_size
         ]
         # In graph order so tags (and delegate order) follow the program.
         kept.sort(key=lambda p: min(order[n] for n in p.nodes))
@@ -356,10 +344,10 @@ class KilnPartitioner(Partitioner):
         taken = set()
         for partition in kept:
             summary.partitions += 1
-            summary.ops_taken += len(_compute_nodes(partition.nodes))
+            summary.ops_taken += len(_fx_nodes.compute_nodes(partition.nodes))
             taken.update(partition.nodes)
         summary.ops_on_cpu = dict(Counter(
-            _fx_nodes.op_name(n.target) for n in _compute_nodes(graph_module.graph.nodes) if n not in taken
+            _fx_nodes.op_name(n.target) for n in _fx_nodes.compute_nodes(graph_module.graph.nodes) if n not in taken
         ))
         return summary
 
@@ -377,7 +365,7 @@ class KilnPartitioner(Partitioner):
             for user in node.users:
                 if _fx_nodes.op_name(user.target) in ("aten.addmm.default", "aten.mm.default"):
                     support.refuse(user, reason)
-                    _announce_fallback(user, reason)
+                    announce_fallback(user, reason)
             support.refuse(node, reason)
 
     @staticmethod
@@ -389,7 +377,7 @@ class KilnPartitioner(Partitioner):
         for op, count in failed_ops.items():
             if count < SYSTEMATIC_FAILURES or op not in last:
                 continue
-            rest = [n for n in _compute_nodes(graph_module.graph.nodes)
+            rest = [n for n in _fx_nodes.compute_nodes(graph_module.graph.nodes)
                     if _fx_nodes.op_name(n.target) == op and n not in support.refusals]
             if not rest:
                 continue
@@ -420,7 +408,7 @@ class KilnPartitioner(Partitioner):
         summary = self._summarize(graph_module, kept)
         announce(summary.line())
         if self.trial_compile:
-            trial = _Trial(self, exported_program, order)
+            trial = PartitionTrial(self.options, self._real_state_dict, exported_program, order)
             failed_ops: Counter = Counter()
             for round_index in range(MAX_TRIAL_ROUNDS):
                 failures, good = trial.run(kept)
@@ -428,7 +416,7 @@ class KilnPartitioner(Partitioner):
                     break
                 for node, reason in failures:
                     support.refuse(node, reason)
-                    _announce_fallback(node, reason)
+                    announce_fallback(node, reason)
                     failed_ops[_fx_nodes.op_name(node.target)] += 1
                 self._refuse_systematic_failures(graph_module, support, failed_ops, failures)
                 if any(_fx_nodes.op_name(n.target) == LINEAR for n, _ in failures):
@@ -442,7 +430,7 @@ class KilnPartitioner(Partitioner):
         kept_whole = {LINEAR} | {_fx_nodes.op_name(op) for op in KEPT_WHEN_TAKEN}
         on_cpu_linears = {
             linear_key(n): support.refusals.get(n, "left to the CPU")
-            for n in _compute_nodes(graph_module.graph.nodes)
+            for n in _fx_nodes.compute_nodes(graph_module.graph.nodes)
             if _fx_nodes.op_name(n.target) in kept_whole
             and (n in support.refusals or not any(n in p.nodes for p in kept))
         }
@@ -484,127 +472,3 @@ class KilnPartitioner(Partitioner):
                 continue
             why = reasons.get(name, f"in a partition smaller than min_block_size={self.options.min_block_size}")
             announce(f"kiln: {name} x{count} on the CPU: {why}")
-
-
-def _announce_fallback(node: torch.fx.Node, reason: str) -> None:
-    """The one line printed for a node left to the CPU because it failed to
-    compile."""
-    announce(f"kiln: {_fx_nodes.op_name(node.target)} ('{node.name}') left to the CPU: {reason}")
-
-
-class _Trial:
-    """Trial-compiles proposed partitions (see _trial.py)."""
-
-    def __init__(self, partitioner: KilnPartitioner, program: ExportedProgram, order) -> None:
-        self.options = partitioner.options
-        self.program = program
-        self.order = order
-        self.real = _trial.RealTensors(partitioner._real_state_dict, program)
-        self.enabled = True
-
-    def _names(self, nodes) -> list[str]:
-        return [n.name for n in sorted(nodes, key=self.order.__getitem__)]
-
-    def _compile(self, program, announce_as: Optional[tuple[int, int, int]]) -> Optional[BaseException]:
-        """None when `program` compiles (its engine cached when its constants
-        are the real ones), else the exception."""
-        try:
-            prefix = self.options.weights_prefix or graph_builder.DEFAULT_STATE_PREFIX
-            built = _dynamic.build_program(program, lambda: build(program, self.real.resolve, prefix),
-                                           self.options.shape_buckets)
-            key = engine_key(built.key, self.options)
-            if _trial.ENGINE_CACHE.get(key) is not None:
-                return None
-            if announce_as is not None:
-                progress.trial(*announce_as)
-            engine = _dynamic.compile_program(
-                built, lambda graph, name_weights="": _trial.compile_graph(
-                    graph, self.options, _progress if announce_as else None, name_weights),
-                self.options.weights_prefix)
-            if built.exact:
-                _trial.ENGINE_CACHE.put(key, engine)
-            return None
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # anything from the builder or the native compiler
-            return e
-
-    def run(self, kept) -> tuple[list[tuple[torch.fx.Node, str]], list]:
-        """Compiles each partition of `kept`; returns ([(failing node,
-        reason)], the partitions that compiled)."""
-        if not self.enabled or not kept:
-            return [], kept
-        try:
-            programs = _trial.partition_programs(self.program, [self._names(p.nodes) for p in kept])
-        except Exception as e:  # ExecuTorch internals changed: compile at preprocess as before
-            logger.warning("kiln: cannot trial-compile partitions (%s: %s); compiling them at preprocess",
-                           type(e).__name__, e)
-            self.enabled = False
-            return [], kept
-        failures, good = [], []
-        for index, (partition, program) in enumerate(zip(kept, programs)):
-            nodes = len(_compute_nodes(partition.nodes))
-            error = self._compile(program, (index + 1, len(kept), nodes))
-            if error is None:
-                good.append(partition)
-                continue
-            reason = _trial.first_line(error)
-            logger.debug("kiln: partition %d/%d failed to compile: %s", index + 1, len(kept), error)
-            failures.append((self._culprit(partition, error), reason))
-        return failures, good
-
-    def _gemm_consumer(self, node: torch.fx.Node, members: set, hops: int = 4) -> Optional[torch.fx.Node]:
-        """The first GEMM-family node in the partition reached from `node`
-        through at most `hops` users (views and layout ops in between)."""
-        frontier, seen = [node], {node}
-        for _ in range(hops):
-            nxt = []
-            for n in frontier:
-                for u in sorted(n.users, key=self.order.__getitem__):
-                    if u in members and u not in seen:
-                        if _fx_nodes.op_name(u.target) in _GEMM_OPS:
-                            return u
-                        seen.add(u)
-                        nxt.append(u)
-            frontier = nxt
-        return None
-
-    def _culprit(self, partition, error: BaseException) -> torch.fx.Node:
-        """The node the error names, else the first node whose addition makes
-        a topologically ordered prefix of the partition fail (bisection)."""
-        by_name = {n.name: n for n in partition.nodes}
-        message = str(error)
-        gemm_step = re.search(r"\(gemm '", message) is not None
-        for name in _trial.named_nodes(message):
-            node = by_name.get(name)
-            if node is None:
-                continue
-            node = node.args[0] if _fx_nodes.is_getitem(node) else node
-            if gemm_step and re.search(rf"tensor \d+ '{re.escape(name)}'", message) and \
-                    _fx_nodes.op_name(node.target) not in _GEMM_OPS:
-                # "(gemm 'label'): gemm a tensor 7 'x' ...": x is the GEMM's
-                # operand; the GEMM consuming it is what failed.
-                gemm = self._gemm_consumer(node, set(partition.nodes))
-                if gemm is not None:
-                    return gemm
-            return node
-        compute = sorted(_compute_nodes(partition.nodes), key=self.order.__getitem__)
-        getitems = [n for n in partition.nodes if _fx_nodes.is_getitem(n)]
-
-        def fails(k: int) -> bool:
-            prefix = set(compute[:k])
-            prefix.update(g for g in getitems if g.args[0] in prefix)
-            try:
-                (program,) = _trial.partition_programs(self.program, [self._names(prefix)])
-            except Exception:
-                return True
-            return self._compile(program, None) is not None
-
-        lo, hi = 1, len(compute)  # prefix hi fails
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fails(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return compute[lo - 1]

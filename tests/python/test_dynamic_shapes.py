@@ -186,7 +186,7 @@ def test_each_variant_is_built_once_per_compile(monkeypatch, tmp_path):
             return real(*args, **kwargs)
         return build
 
-    monkeypatch.setattr(kiln.partitioner, "build", counting("trial", kiln.partitioner.build))
+    monkeypatch.setattr(kiln._partition_trial, "build", counting("trial", kiln._partition_trial.build))
     monkeypatch.setattr(kiln.backend, "build", counting("preprocess", kiln.backend.build))
     compiled = kiln.compile(export_table_mix(8, 64), model_id="dyn-builds")
     sizes = _dynamic.buckets(8, 64, ())
