@@ -149,6 +149,28 @@ def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
     results = json.loads((out / f"coverage_gpu_{group.name}.json").read_text())
     assert sorted(r["dtype"] for r in results) == ["float16", "float32"]
     assert all(r["ok"] and r["rel_err"] == 2.5e-07 for r in results)
+    # --seeds replays recorded draws instead of fresh ones.
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/coverage/gpu_coverage.py"), str(group), "--runner", str(runner),
+                           "--out", str(out), "--work", str(tmp_path / "work"), "--seeds", "11,12", "--device", "cpu",
+                           "--only", "squeezenet1_1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / f"coverage_gpu_{group.name}.json").read_text())
+    assert all(r["seeds"] == [11, 12] for r in results) and len(results) == 2
+
+
+def test_zoo_prefix_is_the_seeded_model_cut_after_k_blocks():
+    """"maxvit_t@1" (a stage prefix, to bisect a numerical difference): the
+    whole model's seeded weights, run through its stem and first block."""
+    whole, x = zoo.build("maxvit_t")
+    prefix, _ = zoo.build("maxvit_t@1")
+    assert zoo.kind_of("maxvit_t@1") == "classification"
+    assert zoo.parameters("maxvit_t@1") == sum(p.numel() for p in prefix.parameters()) < zoo.parameters("maxvit_t")
+    with torch.no_grad():
+        want = whole.blocks[0](whole.stem(x))
+        assert torch.equal(prefix(x), want)
+    for bad in ("resnet18@1", "maxvit_t@9", "maxvit_t@x", "nonesuch@1"):
+        with pytest.raises(ValueError):
+            zoo.build(bad) if bad != "nonesuch@1" else zoo.kind_of(bad)
 
 
 def test_fp16_sensitivity_measures_rounding_without_float16_arithmetic(tmp_path, capsys):

@@ -197,8 +197,10 @@ def sweep(args) -> None:
     done = {(r["model"], r["dtype"]) for r in results}
     models = zoo.names()
     if args.models:
-        wanted = set(args.models.split(","))
+        wanted = [m for m in args.models.split(",") if m]
+        # zoo models, and prefixes of them ("maxvit_t@2", zoo.py) when named
         models = [(n, k) for n, k in models if n in wanted]
+        models += [(n, zoo.kind_of(n)) for n in wanted if zoo.PREFIX_SEP in n]
     if args.redo:  # export the chosen models again; their records are replaced in place
         done -= {(n, d) for n, _ in models for d in args.dtypes.split(",")}
     if args.redo_over is not None:  # and those whose recorded export took over that many CPU seconds

@@ -55,7 +55,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, device: str = "cuda") -> dict:
+def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, device: str = "cuda",
+          replay: list[int] | None = None) -> dict:
+    """Kiln against PyTorch on `trials` fresh input draws, or on the draws of
+    `replay` (seeds a run recorded, to look at those draws again)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = DTYPES[entry["dtype"]]
@@ -71,8 +74,8 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
     exact = model if dtype == torch.float32 else copy.deepcopy(model).float()
     worst, seeds, errors, torch_fp16 = 0.0, [], [], None
     per_trial = []  # (Kiln's error, PyTorch float16's) for each input draw
-    for trial in range(trials):
-        seed = int.from_bytes(os.urandom(4), "little")
+    for trial in range(len(replay) if replay else trials):
+        seed = replay[trial] if replay else int.from_bytes(os.urandom(4), "little")
         seeds.append(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(entry["input"], generator=gen, device=device, dtype=dtype)
@@ -121,6 +124,7 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/kiln_coverage_work"))
     p.add_argument("--trials", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated models")
+    p.add_argument("--seeds", default="", help="comma-separated input seeds to use instead of --trials fresh draws")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": plumbing test only
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -128,6 +132,7 @@ def main() -> int:
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "none (--device cpu)"
     print(f"GPU: {gpu}  torch {torch.__version__}", flush=True)
     only = {m for m in args.only.split(",") if m}
+    seeds = [int(v) for v in args.seeds.split(",") if v]
     failed = 0
     for group in args.groups:
         entries = json.loads((group / "manifest_coverage.json").read_text())
@@ -144,7 +149,7 @@ def main() -> int:
                         except TypeError:  # Python without extraction filters
                             tar.extractall(args.work)
                 start = time.time()
-                r = check(entry, pte, args.runner, args.work, log, args.trials, args.device)
+                r = check(entry, pte, args.runner, args.work, log, args.trials, args.device, seeds)
                 r["cpu_ops"] = entry.get("cpu_ops", {})
                 results.append(r)
                 failed += not r["ok"]

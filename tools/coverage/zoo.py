@@ -47,6 +47,48 @@ def names() -> list[tuple[str, str]]:
     return out
 
 
+# "<model>@<k>": the model's stem and first k of its `blocks` (MaxVit's
+# stages), with the full model's seeded weights: a prefix to bisect a
+# numerical difference by stage (docs/coverage.md, "Bisecting").
+PREFIX_SEP = "@"
+
+
+class _Prefix(nn.Module):
+    def __init__(self, model: nn.Module, stages: int) -> None:
+        super().__init__()
+        if not hasattr(model, "stem") or not isinstance(getattr(model, "blocks", None), nn.ModuleList):
+            raise ValueError(f"{type(model).__name__} has no stem + blocks to take a prefix of")
+        if not 1 <= stages <= len(model.blocks):
+            raise ValueError(f"{type(model).__name__} has {len(model.blocks)} blocks, not {stages}")
+        self.stem = model.stem
+        self.blocks = nn.ModuleList(list(model.blocks)[:stages])
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def split_prefix(name: str) -> tuple[str, int]:
+    """("maxvit_t", 2) for "maxvit_t@2"; (name, 0) for a whole model."""
+    base, sep, k = name.partition(PREFIX_SEP)
+    if not sep:
+        return name, 0
+    if not k.isdigit() or int(k) < 1:
+        raise ValueError(f"'{name}': expected <model>{PREFIX_SEP}<number of blocks>")
+    return base, int(k)
+
+
+def kind_of(name: str) -> str:
+    """A zoo model's kind, prefixes included; ValueError when it is none."""
+    base, _ = split_prefix(name)
+    kinds = dict(names())
+    if base not in kinds:
+        raise ValueError(f"'{base}' is not a torchvision classification or segmentation model")
+    return kinds[base]
+
+
 def _construct(name: str) -> nn.Module:
     import torchvision.models as models
 
@@ -57,11 +99,14 @@ def _construct(name: str) -> nn.Module:
 
 
 def parameters(name: str) -> int:
+    base, stages = split_prefix(name)
     try:
         with torch.device("meta"):  # no memory, no init
-            model = _construct(name)
+            model = _construct(base)
     except Exception:  # a builder that computes on tensors (regnet)
-        model = _construct(name)
+        model = _construct(base)
+    if stages:
+        model = _Prefix(model, stages)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -142,8 +187,12 @@ def example_input(dtype: torch.dtype, seed: int = 0, size: int = INPUT_SIZE) -> 
 
 
 def build(name: str, dtype: torch.dtype = torch.float32, seed: int = DEFAULT_SEED):
-    """(model in eval mode and `dtype` on the CPU, example input)."""
-    model = init_weights(_construct(name).eval(), seed)
+    """(model in eval mode and `dtype` on the CPU, example input). A prefix
+    name ("maxvit_t@2") is seeded as its whole model, then cut."""
+    base, stages = split_prefix(name)
+    model = init_weights(_construct(base).eval(), seed)
+    if stages:
+        model = _Prefix(model, stages).eval()
     return model.to(dtype), example_input(dtype)
 
 
