@@ -159,18 +159,18 @@ def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
 
 
 def test_zoo_prefix_is_the_seeded_model_cut_after_k_blocks():
-    """"maxvit_t@1" (a stage prefix, to bisect a numerical difference): the
+    """"maxvit_t.stage1" (a stage prefix, to bisect a numerical difference): the
     whole model's seeded weights, run through its stem and first block."""
     whole, x = zoo.build("maxvit_t")
-    prefix, _ = zoo.build("maxvit_t@1")
-    assert zoo.kind_of("maxvit_t@1") == "classification"
-    assert zoo.parameters("maxvit_t@1") == sum(p.numel() for p in prefix.parameters()) < zoo.parameters("maxvit_t")
+    prefix, _ = zoo.build("maxvit_t.stage1")
+    assert zoo.kind_of("maxvit_t.stage1") == "classification"
+    assert zoo.parameters("maxvit_t.stage1") == sum(p.numel() for p in prefix.parameters()) < zoo.parameters("maxvit_t")
     with torch.no_grad():
         want = whole.blocks[0](whole.stem(x))
         assert torch.equal(prefix(x), want)
-    for bad in ("resnet18@1", "maxvit_t@9", "maxvit_t@x", "nonesuch@1"):
+    for bad in ("resnet18.stage1", "maxvit_t.stage9", "maxvit_t.stagex", "nonesuch.stage1"):
         with pytest.raises(ValueError):
-            zoo.build(bad) if bad != "nonesuch@1" else zoo.kind_of(bad)
+            zoo.build(bad) if bad != "nonesuch.stage1" else zoo.kind_of(bad)
 
 
 def test_fp16_sensitivity_measures_rounding_without_float16_arithmetic(tmp_path, capsys):

@@ -198,7 +198,7 @@ def sweep(args) -> None:
     models = zoo.names()
     if args.models:
         wanted = [m for m in args.models.split(",") if m]
-        # zoo models, and prefixes of them ("maxvit_t@2", zoo.py) when named
+        # zoo models, and prefixes of them ("maxvit_t.stage2", zoo.py) when named
         models = [(n, k) for n, k in models if n in wanted]
         models += [(n, zoo.kind_of(n)) for n in wanted if zoo.PREFIX_SEP in n]
     if args.redo:  # export the chosen models again; their records are replaced in place

@@ -47,10 +47,11 @@ def names() -> list[tuple[str, str]]:
     return out
 
 
-# "<model>@<k>": the model's stem and first k of its `blocks` (MaxVit's
+# "<model>.stage<k>": the model's stem and first k of its `blocks` (MaxVit's
 # stages), with the full model's seeded weights: a prefix to bisect a
-# numerical difference by stage (docs/coverage.md, "Bisecting").
-PREFIX_SEP = "@"
+# numerical difference by stage (docs/coverage.md, "Bisecting"). The name
+# goes into file names, so it keeps to letters, digits, "_" and ".".
+PREFIX_SEP = ".stage"
 
 
 class _Prefix(nn.Module):
@@ -71,7 +72,7 @@ class _Prefix(nn.Module):
 
 
 def split_prefix(name: str) -> tuple[str, int]:
-    """("maxvit_t", 2) for "maxvit_t@2"; (name, 0) for a whole model."""
+    """("maxvit_t", 2) for "maxvit_t.stage2"; (name, 0) for a whole model."""
     base, sep, k = name.partition(PREFIX_SEP)
     if not sep:
         return name, 0
@@ -188,7 +189,7 @@ def example_input(dtype: torch.dtype, seed: int = 0, size: int = INPUT_SIZE) -> 
 
 def build(name: str, dtype: torch.dtype = torch.float32, seed: int = DEFAULT_SEED):
     """(model in eval mode and `dtype` on the CPU, example input). A prefix
-    name ("maxvit_t@2") is seeded as its whole model, then cut."""
+    name ("maxvit_t.stage2") is seeded as its whole model, then cut."""
     base, stages = split_prefix(name)
     model = init_weights(_construct(base).eval(), seed)
     if stages:
