@@ -55,6 +55,8 @@ std::string store_expr(engine::DType d, const std::string& value) {
   }
 }
 
+std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+
 std::string float_literal(double v) {
   if (std::isnan(v)) return "__int_as_float(0x7fc00000)";
   if (std::isinf(v)) return v > 0 ? "__int_as_float(0x7f800000)" : "__int_as_float(0xff800000)";

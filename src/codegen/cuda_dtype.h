@@ -35,6 +35,10 @@ std::string store_expr(engine::DType d, const std::string& value);
 // round trip), NaN and infinities as bit patterns.
 std::string float_literal(double v);
 
+// An integer constant as CUDA source, typed long long: "123LL" (index
+// arithmetic stays 64-bit).
+std::string ll(int64_t v);
+
 // `map`'s offset for flat index `i` over the row-major `shape`, as a C++
 // expression of long longs with the shape baked in.
 std::string affine_offset(const AffineMap& map, const std::vector<int64_t>& shape);

@@ -18,7 +18,7 @@ constexpr unsigned kArgmaxBlock = 256, kArgmaxLongBlock = 1024;
 constexpr int64_t kArgmaxLongRow = 8192;
 constexpr int kArgmaxUnroll = 8;
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 bool is_float(engine::DType d) {
   return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;

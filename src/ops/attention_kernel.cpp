@@ -14,9 +14,6 @@ using codegen::storage_type;
 using codegen::store_expr;
 namespace attention_detail {
 
-
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
-
 // Helpers shared by every attention kernel of a module, emitted once.
 const char* const kHelpers = R"(
 #ifndef KILN_ATTENTION_HELPERS

@@ -7,6 +7,7 @@
 #include <ostream>
 #include <string>
 
+#include "codegen/cuda_dtype.h"
 #include "ops/attention_kernel.h"
 
 namespace kiln::ops::attention_detail {
@@ -16,7 +17,7 @@ constexpr double kLog2e = 1.4426950408889634;
 // CUDA helpers every attention kernel of a module uses, guarded to be emitted once.
 extern const char* const kHelpers;
 
-std::string ll(int64_t v);  // "<v>LL"
+using codegen::ll;
 
 // The mask's contribution to score (row, key), in base-2 units, as
 // statements updating float `x` (both in range).

@@ -30,11 +30,11 @@ bool is_comparison(const std::string& op) {
 // (torch gives a float result then, so an integer node never has one).
 std::string integer_literal(const ir::Node& node, const std::string& key, int64_t fallback) {
   auto it = node.attrs.find(key);
-  if (it == node.attrs.end()) return std::to_string(fallback) + "LL";
-  if (auto* i = std::get_if<int64_t>(&it->second)) return std::to_string(*i) + "LL";
+  if (it == node.attrs.end()) return codegen::ll(fallback);
+  if (auto* i = std::get_if<int64_t>(&it->second)) return codegen::ll(*i);
   if (auto* b = std::get_if<bool>(&it->second)) return *b ? "1LL" : "0LL";
   if (auto* d = std::get_if<double>(&it->second)) {
-    if (std::nearbyint(*d) == *d && std::fabs(*d) < 9.0e18) return std::to_string(static_cast<int64_t>(*d)) + "LL";
+    if (std::nearbyint(*d) == *d && std::fabs(*d) < 9.0e18) return codegen::ll(static_cast<int64_t>(*d));
   }
   throw CompileError("node '" + node.name + "': attribute '" + key + "' is not an integer");
 }

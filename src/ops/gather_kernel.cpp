@@ -8,7 +8,7 @@
 namespace kiln::ops {
 namespace {
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 const char* unit_type(int64_t bytes) {
   switch (bytes) {

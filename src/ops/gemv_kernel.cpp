@@ -15,7 +15,7 @@ namespace {
 constexpr int kGemvWarps = 4;       // warps a block; one output column each
 constexpr int64_t kGemvGroup = 8;   // 16-byte loads a lane keeps in flight
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 bool relu_of(engine::GemmEpilogue e) {
   return e == engine::GemmEpilogue::kRelu || e == engine::GemmEpilogue::kReluBias;

@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <sstream>
 
+#include "codegen/cuda_dtype.h"
 #include "ir/graph.h"
 
 namespace kiln::ops {
 namespace {
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 const GridLoopStep& loop_step(const PlannedOp& op) {
   const auto* s = dynamic_cast<const GridLoopStep*>(op.plan.get());

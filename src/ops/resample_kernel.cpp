@@ -22,7 +22,7 @@ std::string float_literal(float f) {
   return s.str();
 }
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 // Declares `<p>0`, `<p>1` (source indices) and `<p>l0`, `<p>l1` (weights)
 // for output coordinate `d` of an axis from `in` elements; returns the number

@@ -12,7 +12,7 @@
 namespace kiln::ops {
 namespace {
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 std::string check_rotary(const OpQuery& q) {
   if (q.inputs.size() != 3 || q.outputs.size() != 1) return "kiln.rotary needs x, cos, sin and one output";

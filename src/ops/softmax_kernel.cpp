@@ -130,7 +130,7 @@ SoftmaxKernel generate_softmax_kernel(const ir::Graph& graph, const SoftmaxPlan&
   SoftmaxKernel kernel;
   const size_t bytes = std::max(engine::dtype_size(in.dtype), engine::dtype_size(out.dtype));
   const SoftmaxLaunch l = kernel.launch = softmax_launch(plan, bytes, threads_per_row, vector);
-  const std::string Ls = std::to_string(L) + "LL";
+  const std::string Ls = codegen::ll(L);
   // The output of element x given the row's m and s (inv = 1/s, ls = log s).
   // `x` is the input, or (held rows of a softmax) already exp(x - m).
   auto result = [&](const std::string& x, bool is_exp = false) {

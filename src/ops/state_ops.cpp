@@ -17,7 +17,7 @@ using Shape = std::vector<int64_t>;
 
 constexpr const char* kIndexPut = "aten.index_put.default";
 
-std::string ll(int64_t v) { return std::to_string(v) + "LL"; }
+using codegen::ll;
 
 // The one indexed dim of the node, or an error message.
 std::string indexed_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, int64_t* dim) {
