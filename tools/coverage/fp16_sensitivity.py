@@ -71,15 +71,16 @@ def sensitivity(name: str, draws: int, seed: int = zoo.DEFAULT_SEED, first_input
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="a coverage model name (tools/coverage/zoo.py), e.g. maxvit_t")
+    p.add_argument("model", help="a coverage model name (tools/coverage/zoo.py), e.g. maxvit_t or maxvit_t.stage2")
     p.add_argument("--draws", type=int, default=6)
     p.add_argument("--seed", type=int, default=zoo.DEFAULT_SEED, help="weight seed (the coverage's default)")
     p.add_argument("--json", type=Path, help="also write the per-draw results here")
     a = p.parse_args(argv)
-    if a.model not in {n for n, _ in zoo.names()}:
-        print(f"fp16_sensitivity: '{a.model}' is not a coverage model (tools/coverage/zoo.py names())", file=sys.stderr)
+    try:
+        zoo.kind_of(a.model)  # a zoo model, or a stage prefix of one
+    except ValueError as e:
+        print(f"fp16_sensitivity: {e}", file=sys.stderr)
         return 2
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     results = sensitivity(a.model, a.draws, a.seed)
     for r in results:
         print(f"{a.model} input seed {r['input_seed']}: leaf outputs rounded to float16 {r['rounded']:.2e}, "
