@@ -18,7 +18,6 @@ the GPU's bandwidth for the last column (the bytes alone at that rate).
 from __future__ import annotations
 
 import argparse
-import collections
 import csv
 import io
 import re
@@ -49,7 +48,7 @@ def summarize(rows: list[dict], overhead_us: float = 0.0) -> list[dict]:
     """One record a kernel family, largest total first: count, total and mean
     microseconds (each less `overhead_us`, never below 0), DRAM bytes a
     kernel, GB/s over the corrected time, and the last launch's shape."""
-    fam = collections.OrderedDict()
+    fam = {}
     for r in rows:
         name = _FAMILY.sub("", r["Kernel Name"])
         us = max(0.0, _number(r["gpu__time_duration.sum"]) / 1e3 - overhead_us)
@@ -71,13 +70,15 @@ def summarize(rows: list[dict], overhead_us: float = 0.0) -> list[dict]:
 
 def render(families: list[dict], peak_gbs: float | None = None) -> str:
     total = sum(f["us"] for f in families)
-    head = "| kernel | count | total us | us each | MB each | GB/s |" + (" bytes alone, us |" if peak_gbs else "")
+    head = ("| kernel | count | total us | us each | MB each | GB/s |" + (" bytes alone, us |" if peak_gbs else "")
+            + " last launch |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for f in families:
         row = (f"| {f['kernel']} | {f['count']} | {f['us']:.1f} | {f['mean_us']:.2f} | "
                f"{f['bytes_each'] / 1e6:.2f} | {f['gbs']:.0f} |")
         if peak_gbs:
             row += f" {f['bytes_each'] / (peak_gbs * 1e3):.2f} |"
+        row += f" {f['launch']} |"
         lines.append(row)
     lines.append(f"\ntotal {total:.1f} us over {sum(f['count'] for f in families)} kernels")
     return "\n".join(lines)
