@@ -21,8 +21,11 @@ namespace {
 // a time (a lane scores one key for every row, then the lanes accumulate
 // their slice of the output over those keys), and the warps' partial
 // softmax states are merged in shared memory at the end.
-int64_t split_keys(const AttentionPlan& p) {  // keys one block walks, a multiple of 32
-  return p.splits > 1 ? ((p.keys + p.splits - 1) / p.splits + 31) / 32 * 32 : p.keys;
+// Keys each of `splits` blocks walks: a whole number of 32-key steps.
+int64_t keys_per_split(int64_t keys, int64_t splits) { return ((keys + splits - 1) / splits + 31) / 32 * 32; }
+
+int64_t split_keys(const AttentionPlan& p) {  // keys one block walks
+  return p.splits > 1 ? keys_per_split(p.keys, p.splits) : p.keys;
 }
 
 int decode_warps(const AttentionPlan& p) {
@@ -220,9 +223,9 @@ int64_t attention_decode_splits(const AttentionPlan& p) {
   const int64_t blocks = p.batch * p.heads;
   const int64_t splits = std::min((kTargetBlocks + blocks - 1) / blocks, p.keys / kAttnSplitMinKeys);
   if (splits <= 1) return 1;
-  // A split walks a whole number of 32-key steps (split_keys), so fewer
-  // splits may cover the keys: no block is left without any.
-  const int64_t per = ((p.keys + splits - 1) / splits + 31) / 32 * 32;
+  // A split walks a whole number of 32-key steps, so fewer splits may cover
+  // the keys: no block is left without any.
+  const int64_t per = attention_detail::keys_per_split(p.keys, splits);
   return (p.keys + per - 1) / per;
 }
 

@@ -448,7 +448,6 @@ bool attention_uses_mma(const AttentionPlan& p) {
 }
 
 AttentionKernel generate_attention_kernel(const AttentionPlan& p, const std::string& name) {
-  using namespace attention_detail;
   AttentionKernel k;
   std::ostringstream s;
   s << kHelpers << "// " << name << ": attention [" << p.batch << "," << p.heads << "," << p.rows << "," << p.head_dim
