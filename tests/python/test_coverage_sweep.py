@@ -139,7 +139,10 @@ def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
     coverage_sweep.main(["--pack", str(tmp_path / "carry"), "--keep-pte", str(pte_dir), "--json", str(json_path)])
     (group,) = (tmp_path / "carry").iterdir()
     runner = tmp_path / "fake_runner.sh"
-    runner.write_text("#!/bin/sh\necho 'output 0: rel_err=2.5e-07 ok'\n")
+    # kiln_runner's --save_outputs, stood in for by the expected outputs themselves.
+    runner.write_text("#!/bin/sh\nfor a in \"$@\"; do case $a in --expected=*) e=${a#--expected=};; "
+                      "--save_outputs=*) o=${a#--save_outputs=};; esac; done\n"
+                      "[ -n \"$o\" ] && cp \"$e\" \"$o\"\necho 'output 0: rel_err=2.5e-07 ok'\n")
     runner.chmod(0o755)
     out = tmp_path / "gpu"
     proc = subprocess.run([sys.executable, str(ROOT / "tools/coverage/gpu_coverage.py"), str(group), "--runner", str(runner),
@@ -156,6 +159,15 @@ def test_gpu_driver_plumbing_on_the_cpu(records, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((out / f"coverage_gpu_{group.name}.json").read_text())
     assert all(r["seeds"] == [11, 12] for r in results) and len(results) == 2
+    # --dump keeps each draw's tensors: the float32 outputs, PyTorch's and Kiln's.
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/coverage/gpu_coverage.py"), str(group), "--runner", str(runner),
+                           "--out", str(out), "--work", str(tmp_path / "work"), "--seeds", "13", "--device", "cpu",
+                           "--only", "squeezenet1_1", "--dump", str(tmp_path / "dump")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dumped = torch.load(tmp_path / "dump" / "squeezenet1_1_float16_13.pt")
+    assert dumped["input"].dtype == torch.float16 and dumped["float32"][0].dtype == torch.float32
+    assert torch.equal(dumped["kiln"][0], dumped["float32"][0].to(torch.float16))
+    assert dumped["torch"][0].shape == dumped["kiln"][0].shape
 
 
 def test_zoo_prefix_is_the_seeded_model_cut_after_k_blocks():
@@ -168,7 +180,15 @@ def test_zoo_prefix_is_the_seeded_model_cut_after_k_blocks():
     with torch.no_grad():
         want = whole.blocks[0](whole.stem(x))
         assert torch.equal(prefix(x), want)
-    for bad in ("resnet18.stage1", "maxvit_t.stage9", "maxvit_t.stagex", "nonesuch.stage1"):
+    # "<model>.stage<k>.<j>": blocks before k whole, then j sub-layers of block k
+    # (MaxVit: MBConv, window attention, grid attention, per layer).
+    finer, _ = zoo.build("maxvit_t.stage2.2")
+    with torch.no_grad():
+        block = whole.blocks[1].layers[0].layers
+        assert torch.equal(finer(x), block[1](block[0](want)))
+    assert zoo.parameters("maxvit_t.stage1") < zoo.parameters("maxvit_t.stage2.2") < zoo.parameters("maxvit_t.stage2")
+    for bad in ("resnet18.stage1", "maxvit_t.stage9", "maxvit_t.stagex", "nonesuch.stage1", "maxvit_t.stage1.7",
+                "maxvit_t.stage1.0", "maxvit_t.stage1.x"):
         with pytest.raises(ValueError):
             zoo.build(bad) if bad != "nonesuch.stage1" else zoo.kind_of(bad)
 

@@ -56,9 +56,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, device: str = "cuda",
-          replay: list[int] | None = None) -> dict:
+          replay: list[int] | None = None, dump: Path | None = None) -> dict:
     """Kiln against PyTorch on `trials` fresh input draws, or on the draws of
-    `replay` (seeds a run recorded, to look at those draws again)."""
+    `replay` (seeds a run recorded, to look at those draws again). With
+    `dump`, each draw's tensors go to dump/<model>_<dtype>_<seed>.pt: the
+    input, the float32 model's outputs (unrounded), PyTorch's own outputs in
+    the model's dtype and Kiln's, to see where two results part."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = DTYPES[entry["dtype"]]
@@ -80,8 +83,10 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
         gen = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(entry["input"], generator=gen, device=device, dtype=dtype)
         trial_torch = None
+        mine = None
         with torch.no_grad():
-            expected = [t.to(dtype) for t in zoo.flatten_outputs(exact(x.float()))]
+            exact_out = zoo.flatten_outputs(exact(x.float()))
+            expected = [t.to(dtype) for t in exact_out]
             if dtype != torch.float32:
                 mine = zoo.flatten_outputs(model(x))
                 trial_torch = max(rel_err(a, b) for a, b in zip(mine, expected))
@@ -90,8 +95,11 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
         exp = work / f"{entry['model']}_{entry['dtype']}.expected.ktensors"
         tensor_file.save(inp, [x.cpu()])
         tensor_file.save(exp, [t.cpu() for t in expected])
+        got = work / f"{entry['model']}_{entry['dtype']}.outputs.ktensors"
         cmd = [str(runner), f"--model_path={pte}", f"--inputs={inp}", f"--expected={exp}",
                f"--rtol={RTOL[entry['dtype']]}", "--num_runs=3", "--warmup=1"]
+        if dump:
+            cmd.append(f"--save_outputs={got}")
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log.write("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr + f"[exit {proc.returncode}]\n\n")
         found = [float(v) for v in re.findall(r"rel_err=([0-9.eE+-]+|nan|inf)", proc.stdout)]
@@ -100,6 +108,12 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
             worst = float("nan")
             break
         worst = max(worst, max(found))
+        if dump:
+            dump.mkdir(parents=True, exist_ok=True)
+            torch.save({"input": x.cpu(), "float32": [t.cpu() for t in exact_out],
+                        "torch": [t.cpu() for t in mine] if mine is not None else None,
+                        "kiln": [torch.as_tensor(t) for t in tensor_file.load(got)]},
+                       dump / f"{entry['model']}_{entry['dtype']}_{seed}.pt")
         per_trial.append([max(found), trial_torch])
         if proc.returncode != 0 and proc.returncode != 1:
             errors.append(f"kiln_runner exit {proc.returncode}")
@@ -125,6 +139,8 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated models")
     p.add_argument("--seeds", default="", help="comma-separated input seeds to use instead of --trials fresh draws")
+    p.add_argument("--dump", type=Path, default=None,
+                   help="folder for each draw's input and outputs (float32 model, PyTorch, Kiln) as .pt files")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": plumbing test only
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +165,7 @@ def main() -> int:
                         except TypeError:  # Python without extraction filters
                             tar.extractall(args.work)
                 start = time.time()
-                r = check(entry, pte, args.runner, args.work, log, args.trials, args.device, seeds)
+                r = check(entry, pte, args.runner, args.work, log, args.trials, args.device, seeds, args.dump)
                 r["cpu_ops"] = entry.get("cpu_ops", {})
                 results.append(r)
                 failed += not r["ok"]

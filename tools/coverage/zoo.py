@@ -49,20 +49,41 @@ def names() -> list[tuple[str, str]]:
 
 # "<model>.stage<k>": the model's stem and first k of its `blocks` (MaxVit's
 # stages), with the full model's seeded weights: a prefix to bisect a
-# numerical difference by stage (docs/coverage.md, "Bisecting"). The name
-# goes into file names, so it keeps to letters, digits, "_" and ".".
+# numerical difference by stage (docs/coverage.md, "Bisecting").
+# "<model>.stage<k>.<j>" cuts finer: the first k-1 blocks whole, then the
+# first j sub-layers of block k (its nested `layers`, flattened: MaxVit's
+# MBConv, window attention, grid attention, per layer). The name goes into
+# file names, so it keeps to letters, digits, "_" and ".".
 PREFIX_SEP = ".stage"
 
 
+def _sublayers(block: nn.Module) -> list[nn.Module]:
+    """A block's layers, each opened one level (its own `layers`), in order:
+    MaxVit's MBConv, window attention, grid attention, per layer. (MBConv has
+    `layers` of its own; they are not opened.)"""
+    out: list[nn.Module] = []
+    for layer in getattr(block, "layers", [block]):
+        inner = getattr(layer, "layers", None)
+        out += list(inner) if isinstance(inner, (nn.ModuleList, nn.Sequential)) else [layer]
+    return out
+
+
 class _Prefix(nn.Module):
-    def __init__(self, model: nn.Module, stages: int) -> None:
+    def __init__(self, model: nn.Module, stages: int, sublayers: int = 0) -> None:
         super().__init__()
         if not hasattr(model, "stem") or not isinstance(getattr(model, "blocks", None), nn.ModuleList):
             raise ValueError(f"{type(model).__name__} has no stem + blocks to take a prefix of")
         if not 1 <= stages <= len(model.blocks):
             raise ValueError(f"{type(model).__name__} has {len(model.blocks)} blocks, not {stages}")
         self.stem = model.stem
-        self.blocks = nn.ModuleList(list(model.blocks)[:stages])
+        kept = list(model.blocks)[:stages]
+        if sublayers:
+            leaves = _sublayers(kept[-1])
+            if not 1 <= sublayers <= len(leaves):
+                raise ValueError(f"block {stages} of {type(model).__name__} has {len(leaves)} sub-layers, "
+                                 f"not {sublayers}")
+            kept[-1] = nn.Sequential(*leaves[:sublayers])
+        self.blocks = nn.ModuleList(kept)
 
     def forward(self, x):
         x = self.stem(x)
@@ -71,19 +92,21 @@ class _Prefix(nn.Module):
         return x
 
 
-def split_prefix(name: str) -> tuple[str, int]:
-    """("maxvit_t", 2) for "maxvit_t.stage2"; (name, 0) for a whole model."""
-    base, sep, k = name.partition(PREFIX_SEP)
+def split_prefix(name: str) -> tuple[str, int, int]:
+    """("maxvit_t", 2, 0) for "maxvit_t.stage2", ("maxvit_t", 4, 3) for
+    "maxvit_t.stage4.3", (name, 0, 0) for a whole model."""
+    base, sep, cut = name.partition(PREFIX_SEP)
     if not sep:
-        return name, 0
-    if not k.isdigit() or int(k) < 1:
-        raise ValueError(f"'{name}': expected <model>{PREFIX_SEP}<number of blocks>")
-    return base, int(k)
+        return name, 0, 0
+    k, dot, j = cut.partition(".")
+    if not k.isdigit() or int(k) < 1 or (dot and (not j.isdigit() or int(j) < 1)):
+        raise ValueError(f"'{name}': expected <model>{PREFIX_SEP}<number of blocks>[.<number of sub-layers>]")
+    return base, int(k), int(j) if dot else 0
 
 
 def kind_of(name: str) -> str:
     """A zoo model's kind, prefixes included; ValueError when it is none."""
-    base, _ = split_prefix(name)
+    base = split_prefix(name)[0]
     kinds = dict(names())
     if base not in kinds:
         raise ValueError(f"'{base}' is not a torchvision classification or segmentation model")
@@ -100,14 +123,14 @@ def _construct(name: str) -> nn.Module:
 
 
 def parameters(name: str) -> int:
-    base, stages = split_prefix(name)
+    base, stages, sublayers = split_prefix(name)
     try:
         with torch.device("meta"):  # no memory, no init
             model = _construct(base)
     except Exception:  # a builder that computes on tensors (regnet)
         model = _construct(base)
     if stages:
-        model = _Prefix(model, stages)
+        model = _Prefix(model, stages, sublayers)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -190,10 +213,10 @@ def example_input(dtype: torch.dtype, seed: int = 0, size: int = INPUT_SIZE) -> 
 def build(name: str, dtype: torch.dtype = torch.float32, seed: int = DEFAULT_SEED):
     """(model in eval mode and `dtype` on the CPU, example input). A prefix
     name ("maxvit_t.stage2") is seeded as its whole model, then cut."""
-    base, stages = split_prefix(name)
+    base, stages, sublayers = split_prefix(name)
     model = init_weights(_construct(base).eval(), seed)
     if stages:
-        model = _Prefix(model, stages).eval()
+        model = _Prefix(model, stages, sublayers).eval()
     return model.to(dtype), example_input(dtype)
 
 
