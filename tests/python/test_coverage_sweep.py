@@ -211,3 +211,33 @@ def test_fp16_sensitivity_measures_rounding_without_float16_arithmetic(tmp_path,
     assert "of 1 draws over 1e-2" in capsys.readouterr().out
     assert fp16_sensitivity.main(["not_a_model"]) == 2
     assert "not_a_model" in capsys.readouterr().err
+
+
+def test_propagate_error_carries_a_cut_through_the_exact_rest(tmp_path, capsys):
+    """tools/coverage/propagate_error.py: a prefix's outputs carried through the
+    exact rest of the model. An output equal to the float32 one stays at 0, a
+    perturbed one stays off, and the carried float32 run equals the whole model."""
+    import propagate_error
+
+    name = "maxvit_t.stage4.5"
+    prefix, _ = zoo.build(name, torch.float16)
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5)).half()
+    with torch.no_grad():
+        out = prefix.float()(x.float())
+    noise = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    dump = {"input": x, "float32": [out], "torch": [out.clone()],
+            "kiln": [(out + noise * out.norm() / noise.norm() * 1e-3).flatten()]}
+    path = tmp_path / f"{name}_float16_77.pt"
+    torch.save(dump, path)
+    assert propagate_error.parse_dump_name(path) == (name, "float16", 77)
+    assert propagate_error.main([str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "stage4.6" in printed and "classifier" in printed
+    rows = propagate_error.propagate(torch.load(path), name, "float16")
+    assert [r["step"] for r in rows] == [f"{name} (the cut)", "stage4.6", "classifier"]
+    assert abs(rows[0]["kiln"] - 1e-3) < 1e-5 and all(r["torch"] == 0.0 for r in rows)
+    assert all(r["kiln"] > 1e-4 for r in rows) and rows[-1]["check"] < 1e-4
+    with pytest.raises(ValueError):
+        propagate_error.propagate(torch.load(path), "maxvit_t", "float16")
+    with pytest.raises(ValueError):
+        propagate_error.parse_dump_name(tmp_path / "maxvit_t.pt")

@@ -92,6 +92,21 @@ class _Prefix(nn.Module):
         return x
 
 
+def suffix_steps(model: nn.Module, stages: int, sublayers: int = 0) -> list[tuple[str, nn.Module]]:
+    """What follows the prefix "<model>.stage<k>[.<j>]" in the whole model, as
+    named steps: the rest of block k's sub-layers, the later blocks' sub-layers,
+    then the classifier. Running them on the prefix's output gives the model's."""
+    if not hasattr(model, "stem") or not isinstance(getattr(model, "blocks", None), nn.ModuleList) or \
+            not hasattr(model, "classifier"):
+        raise ValueError(f"{type(model).__name__} has no stem + blocks + classifier to continue a prefix with")
+    steps: list[tuple[str, nn.Module]] = []
+    for b in range(stages - 1 if sublayers else stages, len(model.blocks)):
+        leaves = _sublayers(model.blocks[b])
+        first = sublayers if sublayers and b == stages - 1 else 0
+        steps += [(f"stage{b + 1}.{i + 1}", leaf) for i, leaf in enumerate(leaves) if i >= first]
+    return steps + [("classifier", model.classifier)]
+
+
 def split_prefix(name: str) -> tuple[str, int, int]:
     """("maxvit_t", 2, 0) for "maxvit_t.stage2", ("maxvit_t", 4, 3) for
     "maxvit_t.stage4.3", (name, 0, 0) for a whole model."""
