@@ -62,7 +62,9 @@ TEST(DecodeOps, SmallProductsPlanTheGemvKernel) {
       plan.ops[0].plan->lower(ctx, step);
       const bool want_kernel = on && rows <= ops::kGemvMaxRows;
       EXPECT_EQ(step.kind, want_kernel ? engine::StepKind::kKernel : engine::StepKind::kGemm);
-      if (want_kernel) EXPECT_NE(ctx.source().find("gemv"), std::string::npos);
+      if (want_kernel) {
+        EXPECT_NE(ctx.source().find("gemv"), std::string::npos);
+      }
     }
 }
 
@@ -75,14 +77,22 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
     DType dt;
     int64_t m, n, k;
     bool bias, c, relu;
+    bool wide;  // the shape with four columns a warp and rows split over four warps (256 threads)
   };
   int case_index = 0;
-  for (const Case& c : {Case{DType::kFloat32, 1, 37, 200, true, false, false},
-                        Case{DType::kFloat16, 2, 64, 1024, false, true, false},
-                        Case{DType::kBFloat16, 1, 9, 4096 + 8 * 40, false, false, false},
-                        Case{DType::kBFloat16, 1, 16, 128, false, false, false},
-                        Case{DType::kBFloat16, 4, 16, 256, true, false, true},
-                        Case{DType::kFloat32, 3, 5, 64 * 8 + 4 * 17, true, true, false}}) {
+  for (const Case& c : {Case{DType::kFloat32, 1, 37, 200, true, false, false, false},
+                        Case{DType::kFloat16, 2, 64, 1024, false, true, false, true},
+                        Case{DType::kBFloat16, 1, 9, 4096 + 8 * 40, false, false, false, true},
+                        Case{DType::kBFloat16, 1, 16, 128, false, false, false, false},
+                        Case{DType::kBFloat16, 4, 16, 256, true, false, true, false},
+                        Case{DType::kFloat32, 3, 5, 64 * 8 + 4 * 17, true, true, false, false},
+                        // wide: a last block with 5 of its 8 columns, a slice of 48 vectors
+                        // (a lane's second group half empty), every epilogue term
+                        Case{DType::kFloat32, 3, 13, 768, true, true, false, true},
+                        Case{DType::kBFloat16, 4, 20, 2048, true, false, true, true},
+                        Case{DType::kBFloat16, 1, 1024, 4096, false, true, false, true},
+                        // more columns than the wide shape takes
+                        Case{DType::kFloat16, 1, 2056, 1024, false, true, false, false}}) {
     SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
                  " k " + std::to_string(c.k));
     ops::GemmPlan p;
@@ -101,6 +111,7 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
     ASSERT_TRUE(ops::gemv_applies(p, c.dt));
     const std::string fn = "kiln_gemv_test_" + std::to_string(case_index++);
     const ops::GemvKernel gen = ops::generate_gemv_kernel(p, c.dt, fn);
+    EXPECT_EQ(gen.block == 256, c.wide);
     const BlockLaunch launch = block_launcher(gen.source, fn, fn);
     ASSERT_NE(launch, nullptr);
     std::vector<uint8_t> x = random_bytes(c.dt, c.m * c.k, rng), w = random_bytes(c.dt, c.n * c.k, rng),
