@@ -53,9 +53,14 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     v_vec = v_bytes == 2 ? "unsigned short" : v_bytes == 4 ? "unsigned int" : v_bytes == 8 ? "uint2"
           : v_bytes == 16 ? "uint4" : nullptr;
   const std::string dim = v_vec != nullptr ? "lane * kPer + i" : "lane + 32 * i";
+  // Value rows whose loads a lane keeps in flight: the first group's are
+  // issued with the step's key row, before the scores they do not depend on
+  // (one memory latency a step instead of one for the keys and one a group),
+  // up to 128 bytes of registers a lane (a whole 32-key step for 4-byte vectors).
+  const int64_t v_group = v_vec != nullptr ? std::clamp<int64_t>(128 / v_bytes, 8, 32) : 8;
   s << signature(p, name, 32 * warps) << " {\n"
     << "  constexpr int kD = " << d << ", kDv = " << dv << ", kR = " << rows << ", kPer = " << per_lane
-    << ", kWarps = " << warps << ", kVG = 8;\n"
+    << ", kWarps = " << warps << ", kVG = " << v_group << ";\n"
     << "  constexpr long long kKeys = " << ll(p.keys) << ";\n"
     << "  __shared__ float qs[kR * kD];\n"
     << "  __shared__ float part[kWarps * kR * (kDv + 2)];  // per warp and row: max, sum, output\n"
@@ -78,8 +83,14 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
   else
     s << "  const long long kBegin = 0, kEnd = kKeys;\n";
   s << "  for (long long n0 = kBegin + (long long)warp * 32; n0 < kEnd; n0 += 32 * kWarps) {\n"
-    << "    const long long key = n0 + lane;\n"
-    << "    float x[kR];\n"
+    << "    const long long key = n0 + lane;\n";
+  if (v_vec != nullptr)
+    s << "    " << v_vec << " vfirst[kVG];  // the step's first value rows, loaded before the scores\n"
+      << "    #pragma unroll\n"
+      << "    for (int jj = 0; jj < kVG; ++jj)\n"
+      << "      if (n0 + jj < kEnd) vfirst[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n0 + jj) * "
+      << ll(p.v_strides[2]) << " + lane * kPer);\n";
+  s << "    float x[kR];\n"
     << "    #pragma unroll\n"
     << "    for (int r = 0; r < kR; ++r) x[r] = 0.0f;\n"
     << "    if (key < kEnd) {\n"
@@ -143,7 +154,8 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
       << "      " << v_vec << " vraw[kVG];\n"
       << "      #pragma unroll\n"
       << "      for (int jj = 0; jj < kVG; ++jj)\n"
-      << "        if (j0 + jj < valid) vraw[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n0 + j0 + jj) * "
+      << "        if (j0 == 0) vraw[jj] = vfirst[jj];\n"
+      << "        else if (j0 + jj < valid) vraw[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n0 + j0 + jj) * "
       << ll(p.v_strides[2]) << " + lane * kPer);\n"
       << "      #pragma unroll\n"
       << "      for (int jj = 0; jj < kVG; ++jj) {\n"
