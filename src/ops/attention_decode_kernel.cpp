@@ -66,34 +66,6 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "  __shared__ float part[kWarps * kR * (kDv + 2)];  // per warp and row: max, sum, output\n"
     << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n";
   emit_bases(s, p);
-  // This block's keys: all, or its split's [kBegin, kEnd).
-  if (p.splits > 1)
-    s << "  const long long kBegin = (long long)blockIdx.x * " << ll(split_keys(p))
-      << ", kEnd = min(kKeys, kBegin + " << ll(split_keys(p)) << ");\n";
-  else
-    s << "  const long long kBegin = 0, kEnd = kKeys;\n";
-  // A lane reads its key's whole row: 16-byte loads, all issued before the
-  // products, when every row starts 16-byte aligned.
-  const int64_t esize = static_cast<int64_t>(engine::dtype_size(p.dtype)), vec = 16 / esize;
-  const bool wide = d % vec == 0 && (p.k_strides[2] * esize) % 16 == 0 && (p.k_strides[1] * esize) % 16 == 0 &&
-                    (p.k_strides[0] * esize) % 16 == 0 && (p.offsets[1] * esize) % 16 == 0;
-  // The warp's first step's key row and value rows do not depend on the
-  // queries: their loads are issued before the queries are staged in shared
-  // memory, so the two latencies overlap.
-  s << "  const long long n_first = kBegin + (long long)warp * 32;\n";
-  if (wide)
-    s << "  uint4 kfirst[kD / " << vec << "];\n"
-      << "  if (n_first + lane < kEnd) {\n"
-      << "    #pragma unroll\n"
-      << "    for (int c = 0; c < kD / " << vec << "; ++c)\n"
-      << "      kfirst[c] = reinterpret_cast<const uint4*>(kb + (n_first + lane) * " << ll(p.k_strides[2]) << ")[c];\n"
-      << "  }\n";
-  if (v_vec != nullptr)
-    s << "  " << v_vec << " vfirst[kVG];  // a step's first value rows, loaded before its scores\n"
-      << "  #pragma unroll\n"
-      << "  for (int jj = 0; jj < kVG; ++jj)\n"
-      << "    if (n_first + jj < kEnd) vfirst[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n_first + jj) * "
-      << ll(p.v_strides[2]) << " + lane * kPer);\n";
   s << "  for (int c = threadIdx.x; c < kR * kD; c += " << 32 * warps << ")\n"
     << "    qs[c] = " << load_expr(p.dtype, "qb[(long long)(c / kD) * " + ll(p.q_strides[2]) + " + c % kD]") << ";\n"
     << "  __syncthreads();\n"
@@ -104,25 +76,34 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "    #pragma unroll\n"
     << "    for (int i = 0; i < kPer; ++i) acc[r][i] = 0.0f;\n"
     << "  }\n";
-  s << "  for (long long n0 = n_first; n0 < kEnd; n0 += 32 * kWarps) {\n"
+  // This block's keys: all, or its split's [kBegin, kEnd).
+  if (p.splits > 1)
+    s << "  const long long kBegin = (long long)blockIdx.x * " << ll(split_keys(p))
+      << ", kEnd = min(kKeys, kBegin + " << ll(split_keys(p)) << ");\n";
+  else
+    s << "  const long long kBegin = 0, kEnd = kKeys;\n";
+  s << "  for (long long n0 = kBegin + (long long)warp * 32; n0 < kEnd; n0 += 32 * kWarps) {\n"
     << "    const long long key = n0 + lane;\n";
   if (v_vec != nullptr)
-    s << "    if (n0 != n_first) {\n"
-      << "      #pragma unroll\n"
-      << "      for (int jj = 0; jj < kVG; ++jj)\n"
-      << "        if (n0 + jj < kEnd) vfirst[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n0 + jj) * "
-      << ll(p.v_strides[2]) << " + lane * kPer);\n"
-      << "    }\n";
+    s << "    " << v_vec << " vfirst[kVG];  // the step's first value rows, loaded before the scores\n"
+      << "    #pragma unroll\n"
+      << "    for (int jj = 0; jj < kVG; ++jj)\n"
+      << "      if (n0 + jj < kEnd) vfirst[jj] = *reinterpret_cast<const " << v_vec << "*>(vb + (n0 + jj) * "
+      << ll(p.v_strides[2]) << " + lane * kPer);\n";
   s << "    float x[kR];\n"
     << "    #pragma unroll\n"
     << "    for (int r = 0; r < kR; ++r) x[r] = 0.0f;\n"
     << "    if (key < kEnd) {\n"
     << "      const T* kr = kb + key * " << ll(p.k_strides[2]) << ";\n";
+  // A lane reads its key's whole row: 16-byte loads, all issued before the
+  // products, when every row starts 16-byte aligned.
+  const int64_t esize = static_cast<int64_t>(engine::dtype_size(p.dtype)), vec = 16 / esize;
+  const bool wide = d % vec == 0 && (p.k_strides[2] * esize) % 16 == 0 && (p.k_strides[1] * esize) % 16 == 0 &&
+                    (p.k_strides[0] * esize) % 16 == 0 && (p.offsets[1] * esize) % 16 == 0;
   if (wide)
     s << "      uint4 w[kD / " << vec << "];\n"
       << "      #pragma unroll\n"
-      << "      for (int c = 0; c < kD / " << vec << "; ++c)\n"
-      << "        w[c] = n0 == n_first ? kfirst[c] : reinterpret_cast<const uint4*>(kr)[c];\n"
+      << "      for (int c = 0; c < kD / " << vec << "; ++c) w[c] = reinterpret_cast<const uint4*>(kr)[c];\n"
       << "      #pragma unroll\n"
       << "      for (int c = 0; c < kD; ++c) {\n"
       << "        const float kv = " << load_expr(p.dtype, "reinterpret_cast<const T*>(w)[c]") << ";\n";
