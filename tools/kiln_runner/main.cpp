@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cinttypes>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +25,7 @@
 #include "device_io.h"
 #include "green_context.h"
 #include "gpu_probe.h"
+#include "output_report.h"
 #include "program_check.h"
 #include "runner_flags.h"
 #include "kiln/caller_stream.h"
@@ -52,7 +51,9 @@ using kiln::tools::Options;
 using kiln::tools::parse_flags;
 using kiln::tools::parse_long;
 using kiln::tools::usage_error;
+using kiln::tools::outputs_match;
 using kiln::tools::percentile;
+using kiln::tools::tag_name;
 
 constexpr const char* kKilnBackendName = "KilnBackend";
 
@@ -66,11 +67,6 @@ std::string error_name(et::Error error) {
   return text;
 }
 
-std::string tag_name(et::Tag tag) {
-  char text[32];
-  et::tag_to_string(tag, text, sizeof(text));
-  return text;
-}
 
 // ---- KilnBackend load options and counters (--use_cuda_graphs) -------------
 
@@ -162,28 +158,6 @@ int prepare_inputs(const et::MethodMeta& meta, const Options& options,
   return kExitOk;
 }
 
-// Copies output `i` to host; false (after printing why) when it cannot.
-bool collect_output(size_t i, const et::EValue& value, HostTensor* out) {
-  if (!value.isTensor()) {
-    std::printf("output %zu: %s (not a tensor)\n", i, tag_name(value.tag).c_str());
-    return false;
-  }
-  const executorch::aten::Tensor& t = value.toTensor();
-  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-  if (!to_dtype(t.scalar_type(), &out->dtype)) {
-    std::printf("output %zu: %s tensor, a dtype kiln_runner does not handle\n", i,
-                et::toString(t.scalar_type()));
-    return false;
-  }
-  out->shape = std::move(shape);
-  std::string error = kiln::tools::copy_to_host(t, &out->data);  // host or CUDA memory
-  if (!error.empty()) {
-    std::printf("output %zu: cannot read it: %s\n", i, error.c_str());
-    return false;
-  }
-  return true;
-}
-
 // ---- green contexts (--green_context_sms, --green_context_sweep) -----------
 
 // warmup + num_runs executions; `sorted_ms` gets the timed latencies, sorted,
@@ -209,25 +183,6 @@ int time_executions(const Options& options, Module& module,
   }
   std::sort(sorted_ms->begin(), sorted_ms->end());
   return kExitOk;
-}
-
-// Whether every output matches `expected` under the same rules as run()'s
-// comparison (collect_output prints why an output cannot be read).
-bool outputs_match(const Options& options, const std::vector<et::EValue>& outputs,
-                   const std::vector<HostTensor>& expected) {
-  if (outputs.size() != expected.size()) return false;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    HostTensor out;
-    if (!collect_output(i, outputs[i], &out)) return false;
-    const HostTensor& ref = expected[i];
-    if (out.dtype != ref.dtype || out.shape != ref.shape) return false;
-    const kiln::tools::Comparison c = kiln::tools::compare_tensors(out, ref);
-    const bool is_float = kiln::tools::default_rtol(out.dtype) > 0.0;
-    const double rtol = is_float && options.rtol >= 0.0 ? options.rtol
-                                                        : kiln::tools::default_rtol(out.dtype);
-    if (c.non_finite != 0 || !(c.rel_err <= rtol)) return false;
-  }
-  return true;
 }
 
 // --green_context_sweep: times the method on an ordinary stream, then on a
@@ -458,79 +413,7 @@ int run(const Options& options) {
     std::printf("timing written to %s\n", options.timing_json.c_str());
   }
 
-  std::vector<HostTensor> host_outputs(outputs.size());
-  std::vector<bool> collected(outputs.size(), false);
-  bool all_collected = true;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    collected[i] = collect_output(i, outputs[i], &host_outputs[i]);
-    all_collected &= collected[i];
-  }
-
-  if (!options.save_outputs.empty()) {
-    if (!all_collected) {
-      std::fprintf(stderr, "kiln_runner: not writing %s: some outputs are not host tensors\n",
-                   options.save_outputs.c_str());
-      return kExitUsage;
-    }
-    kiln::Status status = kiln::tools::write_tensor_file(options.save_outputs, host_outputs);
-    if (!status.is_ok()) {
-      std::fprintf(stderr, "kiln_runner: %s\n", status.message().c_str());
-      return kExitUsage;
-    }
-    std::printf("outputs written to %s\n", options.save_outputs.c_str());
-  }
-
-  if (options.expected.empty()) {
-    for (size_t i = 0; i < host_outputs.size(); ++i) {
-      if (!collected[i]) continue;  // reported by collect_output
-      const HostTensor& t = host_outputs[i];
-      double sum = 0.0, abs_max = 0.0;
-      for (size_t e = 0; e < static_cast<size_t>(t.numel()); ++e) {
-        const double v = kiln::tools::element_as_double(t, e);
-        sum += v;
-        abs_max = std::max(abs_max, std::fabs(v));
-      }
-      std::printf("output %zu: %s mean=%.4g abs_max=%.4g (no --expected given)\n", i,
-                  kiln::tools::describe_tensor(t.dtype, t.shape).c_str(),
-                  t.numel() > 0 ? sum / static_cast<double>(t.numel()) : 0.0, abs_max);
-    }
-    return kExitOk;
-  }
-
-  bool pass = all_collected;
-  if (expected.size() != outputs.size()) {
-    std::printf("%s has %zu tensors but method '%s' returned %zu outputs: FAIL\n",
-                options.expected.c_str(), expected.size(), options.method.c_str(),
-                outputs.size());
-    pass = false;
-  }
-  for (size_t i = 0; i < std::min(expected.size(), host_outputs.size()); ++i) {
-    const HostTensor& out = host_outputs[i];
-    const HostTensor& ref = expected[i];
-    if (!collected[i]) continue;  // reported by collect_output; `pass` is already false
-    const std::string out_text = kiln::tools::describe_tensor(out.dtype, out.shape);
-    if (out.dtype != ref.dtype || out.shape != ref.shape) {
-      std::printf("output %zu: %s, expected %s FAIL\n", i, out_text.c_str(),
-                  kiln::tools::describe_tensor(ref.dtype, ref.shape).c_str());
-      pass = false;
-      continue;
-    }
-    const kiln::tools::Comparison c = kiln::tools::compare_tensors(out, ref);
-    const bool is_float = kiln::tools::default_rtol(out.dtype) > 0.0;
-    const double rtol = is_float && options.rtol >= 0.0 ? options.rtol
-                                                        : kiln::tools::default_rtol(out.dtype);
-    const bool ok = c.non_finite == 0 && c.rel_err <= rtol;
-    std::printf("output %zu: %s rel_err=%.2e max_abs_err=%.2e %s", i, out_text.c_str(),
-                c.rel_err, c.max_abs_err, ok ? "PASS" : "FAIL");
-    if (c.non_finite > 0) std::printf(" (%zu NaN/Inf values)", c.non_finite);
-    if (!ok && is_float) std::printf(" (rtol %.1e)", rtol);
-    if (!ok && !is_float) std::printf(" (%zu of %" PRId64 " elements differ)", c.mismatches,
-                                      out.numel());
-    std::printf("\n");
-    pass &= ok;
-  }
-  std::printf("%s\n", pass ? "PASS" : "FAIL");
-  return pass ? kExitOk : kExitMismatch;
+  return kiln::tools::report_outputs(options, outputs, expected);
 }
 
 // The 'all' ladder of --green_context_sweep: the smallest partition, doubling,
