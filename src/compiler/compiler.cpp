@@ -175,9 +175,30 @@ class Lowering final : public ops::LowerContext {
       desc_.outputs.push_back(add_tensor(graph_.outputs()[i], engine::StorageKind::kOutput, static_cast<uint32_t>(i)));
   }
 
+  // The weights blob's final size, reserved before assign_storage fills it in
+  // the same order: growing it a constant at a time reallocated and copied
+  // the blob again at each doubling.
+  void reserve_weights() {
+    std::set<int> seen;
+    uint64_t bytes = desc_.weights.size();
+    for (const passes::PlannedOp& op : plan_.ops) {
+      std::vector<int> values = op.reads();
+      const std::vector<int> writes = op.all_writes();
+      values.insert(values.end(), writes.begin(), writes.end());
+      for (int v : values) {
+        const int root = plan_.storage_of(v);
+        const ir::Value& value = graph_.value(root);
+        if (!value.is_constant || index_.count(root) || !seen.insert(root).second) continue;
+        bytes = (bytes + 255) / 256 * 256 + value.data.size();
+      }
+    }
+    desc_.weights.reserve(bytes);
+  }
+
   // Weights get 256-byte aligned slots; intermediates get arena offsets by
   // lifetime.
   void assign_storage() {
+    reserve_weights();
     std::map<int, passes::ArenaRequest> arena;
     for (size_t i = 0; i < plan_.ops.size(); ++i) {
       const passes::PlannedOp& op = plan_.ops[i];
@@ -195,9 +216,11 @@ class Lowering final : public ops::LowerContext {
         if (index_.count(root)) continue;
         const ir::Value& value = graph_.value(root);
         if (value.is_constant) {
+          // Appended, not resized then copied: a resize zero-fills what the
+          // copy overwrites, hundreds of MB for a language model.
           uint64_t offset = (desc_.weights.size() + 255) / 256 * 256;
-          desc_.weights.resize(offset + value.data.size());
-          std::copy(value.data.begin(), value.data.end(), desc_.weights.begin() + static_cast<ptrdiff_t>(offset));
+          desc_.weights.insert(desc_.weights.end(), offset - desc_.weights.size(), uint8_t{0});
+          desc_.weights.insert(desc_.weights.end(), value.data.begin(), value.data.end());
           uint32_t t = add_tensor(root, engine::StorageKind::kWeight, 0);
           desc_.tensors[t].offset = offset;
           continue;
@@ -429,7 +452,7 @@ class Pipeline {
 
  private:
   std::string next_prefix() {
-    char buffer[8];
+    char buffer[16];  // "NN_" for any int count
     std::snprintf(buffer, sizeof(buffer), "%02d_", ++count_);
     return buffer;
   }
