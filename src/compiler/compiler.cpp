@@ -181,19 +181,18 @@ class Lowering final : public ops::LowerContext {
   void reserve_weights() {
     std::set<int> seen;
     uint64_t bytes = desc_.weights.size();
-    for (const passes::PlannedOp& op : plan_.ops) {
-      std::vector<int> values = op.reads();
-      const std::vector<int> writes = op.all_writes();
-      values.insert(values.end(), writes.begin(), writes.end());
-      for (int v : values) {
+    for (const passes::PlannedOp& op : plan_.ops)
+      for (int v : op.reads()) {  // a constant is only ever read
         const int root = plan_.storage_of(v);
         const ir::Value& value = graph_.value(root);
         if (!value.is_constant || index_.count(root) || !seen.insert(root).second) continue;
-        bytes = (bytes + 255) / 256 * 256 + value.data.size();
+        bytes = weight_slot(bytes) + value.data.size();
       }
-    }
     desc_.weights.reserve(bytes);
   }
+
+  // Where the next weight starts after `end` bytes of the blob: 256-byte aligned.
+  static uint64_t weight_slot(uint64_t end) { return (end + 255) / 256 * 256; }
 
   // Weights get 256-byte aligned slots; intermediates get arena offsets by
   // lifetime.
@@ -218,7 +217,7 @@ class Lowering final : public ops::LowerContext {
         if (value.is_constant) {
           // Appended, not resized then copied: a resize zero-fills what the
           // copy overwrites, hundreds of MB for a language model.
-          uint64_t offset = (desc_.weights.size() + 255) / 256 * 256;
+          const uint64_t offset = weight_slot(desc_.weights.size());
           desc_.weights.insert(desc_.weights.end(), offset - desc_.weights.size(), uint8_t{0});
           desc_.weights.insert(desc_.weights.end(), value.data.begin(), value.data.end());
           uint32_t t = add_tensor(root, engine::StorageKind::kWeight, 0);
