@@ -5,7 +5,9 @@
 // the product is latency-bound; here one warp owns one output column, reads
 // its weight row once in 16-byte vectors (all of a chunk's loads in flight
 // before any product), and a row's bias, residual addend (C) and ReLU are
-// applied before the one store. Chosen at planning (gemm_ops.cpp) when
+// applied before the one store. A plain product with few columns (no norm
+// prologue, no pair) takes a wide shape instead: four columns a warp, each
+// row split over four warps whose partial sums meet in shared memory. Chosen at planning (gemm_ops.cpp) when
 // OpOptions::gemv_kernels is on and gemv_applies() holds.
 #pragma once
 
