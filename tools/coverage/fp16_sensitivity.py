@@ -32,10 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
 def sensitivity(name: str, draws: int, seed: int = zoo.DEFAULT_SEED, first_input_seed: int = 1000) -> list[dict]:
     model, _ = zoo.build(name, torch.float16, seed=seed)
     exact = copy.deepcopy(model).float().eval()
@@ -63,8 +59,8 @@ def sensitivity(name: str, draws: int, seed: int = zoo.DEFAULT_SEED, first_input
             moved = zoo.flatten_outputs(exact(x * (1 + sign * 2.0**-11)))
         results.append({
             "input_seed": first_input_seed + d,
-            "rounded": max(rel_err(a, b) for a, b in zip(rounded, want)),
-            "input_ulp": max(rel_err(a, b) for a, b in zip(moved, want)),
+            "rounded": max(zoo.rel_err(a, b) for a, b in zip(rounded, want)),
+            "input_ulp": max(zoo.rel_err(a, b) for a, b in zip(moved, want)),
         })
     return results
 

@@ -50,11 +50,6 @@ def load_tensor_file_module():
 tensor_file = load_tensor_file_module()
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    ref = ref.double()
-    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
 def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, device: str = "cuda",
           replay: list[int] | None = None, dump: Path | None = None) -> dict:
     """Kiln against PyTorch on `trials` fresh input draws, or on the draws of
@@ -89,7 +84,7 @@ def check(entry: dict, pte: Path, runner: Path, work: Path, log, trials: int, de
             expected = [t.to(dtype) for t in exact_out]
             if dtype != torch.float32:
                 mine = zoo.flatten_outputs(model(x))
-                trial_torch = max(rel_err(a, b) for a, b in zip(mine, expected))
+                trial_torch = max(zoo.rel_err(a, b) for a, b in zip(mine, expected))
                 torch_fp16 = max(torch_fp16 or 0.0, trial_torch)  # the worst trial, as Kiln's error is
         inp = work / f"{entry['model']}_{entry['dtype']}.inputs.ktensors"
         exp = work / f"{entry['model']}_{entry['dtype']}.expected.ktensors"

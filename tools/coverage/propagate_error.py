@@ -27,11 +27,6 @@ import zoo  # noqa: E402
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double(), want.double()
-    return float((got - want).norm() / want.norm().clamp_min(1e-300))
-
-
 def parse_dump_name(path: Path) -> tuple[str, str, int]:
     """("maxvit_t.stage3", "float16", 3853808784) for maxvit_t.stage3_float16_3853808784.pt."""
     parts = path.stem.rsplit("_", 2)
@@ -54,14 +49,14 @@ def propagate(dump: dict, name: str, dtype: str, weight_seed: int = zoo.DEFAULT_
     carried = {"kiln": dump["kiln"][0].float().reshape(ref.shape)}
     if dump.get("torch"):
         carried["torch"] = dump["torch"][0].float()
-    rows = [{"step": f"{name} (the cut)"} | {k: rel_err(v, ref) for k, v in carried.items()}]
+    rows = [{"step": f"{name} (the cut)"} | {k: zoo.rel_err(v, ref) for k, v in carried.items()}]
     with torch.no_grad():
         for step, module in zoo.suffix_steps(model, stages, sublayers):
             ref = module(ref)
             carried = {k: module(v) for k, v in carried.items()}
-            rows.append({"step": step} | {k: rel_err(v, ref) for k, v in carried.items()})
+            rows.append({"step": step} | {k: zoo.rel_err(v, ref) for k, v in carried.items()})
         whole = model(dump["input"].float())
-    rows[-1]["check"] = rel_err(ref, whole)
+    rows[-1]["check"] = zoo.rel_err(ref, whole)
     return rows
 
 

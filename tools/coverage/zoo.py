@@ -235,6 +235,12 @@ def build(name: str, dtype: torch.dtype = torch.float32, seed: int = DEFAULT_SEE
     return model.to(dtype), example_input(dtype)
 
 
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Norm-relative distance of `got` from `want`, in float64: the coverage's error measure."""
+    want = want.double()
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-300))
+
+
 def flatten_outputs(out) -> list[torch.Tensor]:
     """Model outputs in the order the exported program returns them (a
     segmentation model's dict flattens in insertion order)."""
