@@ -127,9 +127,42 @@ std::optional<Layout> layout_through(const ir::Graph& graph, const std::vector<i
   return to_layout(dims, offset);
 }
 
+// A constant key given transposed: an attention over learned keys (cross-
+// attention to latents or query slots) reaches fusion as Q @ K^T with K^T
+// folded into a [.., dim, keys] constant at export. The kernels read a key's
+// head dim contiguously, so the constant is stored [.., keys, dim] instead
+// (a new constant; other readers keep the old one).
+void untranspose_constant_keys(ir::Graph& graph) {
+  for (size_t n = 0; n < graph.nodes().size(); ++n) {
+    const ir::Node& node = graph.nodes()[n];
+    if (!ops::is_attention_op(node.op) || node.inputs.size() < 2 || node.int_attr("k_transposed", 0) == 0 ||
+        node.has_attr("k_strides"))
+      continue;
+    const ir::Value& kt = graph.value(node.inputs[1]);
+    if (!kt.is_constant || kt.shape.size() < 2) continue;
+    const size_t rank = kt.shape.size();
+    const int64_t dim = kt.shape[rank - 2], keys = kt.shape[rank - 1];
+    const int64_t mats = dim * keys == 0 ? 0 : kt.numel() / (dim * keys);
+    const size_t es = engine::dtype_size(kt.dtype);
+    std::vector<uint8_t> rows(kt.data.size());
+    for (int64_t b = 0; b < mats; ++b)
+      for (int64_t d = 0; d < dim; ++d)
+        for (int64_t j = 0; j < keys; ++j)
+          std::copy_n(kt.data.data() + static_cast<size_t>((b * dim + d) * keys + j) * es, es,
+                      rows.data() + static_cast<size_t>((b * keys + j) * dim + d) * es);
+    Shape shape = kt.shape;
+    std::swap(shape[rank - 1], shape[rank - 2]);
+    const int k = graph.add_constant(kt.name + "_key_rows", kt.dtype, std::move(shape), ir::Bytes(std::move(rows)));
+    ir::Node& fused = graph.nodes()[n];
+    fused.inputs[1] = k;
+    fused.attrs.erase("k_transposed");
+  }
+}
+
 }  // namespace
 
 void attention_operand_layouts(ir::Graph& graph) {
+  untranspose_constant_keys(graph);
   bool changed = false;
   for (size_t n = 0; n < graph.nodes().size(); ++n) {
     if (!ops::is_attention_op(graph.nodes()[n].op)) continue;

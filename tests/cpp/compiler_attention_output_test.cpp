@@ -145,5 +145,38 @@ TEST(AttentionOutput, GroupedQueryRowsAreWrittenAtTheirHeads) {
   check_grouped_rows_output({2, 3, 2, 160, 32}, rng);  // few rows, many keys: the decode kernel
 }
 
+// Attention over learned keys: export folds K^T into a [.., dim, keys]
+// constant, which the compiler stores [.., keys, dim] for the kernels (they
+// read a key's head dim contiguously); before, the product was left to the CPU.
+TEST(AttentionOutput, ConstantTransposedKeyIsStoredAsKeyRows) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = DType::kFloat32;
+  const int64_t heads = 2, rows = 2, keys = 160, dim = 32;
+  ir::Graph g;
+  const int q = g.add_input("q", dt, {1, heads, rows, dim});
+  const std::vector<uint8_t> kt_bytes = testing::random_elems(dt, heads * dim * keys, rng, -1.0f, 1.0f);
+  const int kt = g.add_constant("kt", dt, {1, heads, dim, keys}, kt_bytes);
+  const int v = g.add_constant("v", dt, {1, heads, keys, dim}, testing::random_elems(dt, heads * keys * dim, rng, -1.0f, 1.0f));
+  const int att = out0(g, g.add_node(ops::kKilnAttentionOp, "attention", {q, kt, v}, {{"k_transposed", int64_t{1}}},
+                                     {{dt, {1, heads, rows, dim}}}));
+  g.set_outputs({att});
+  passes::attention_operand_layouts(g);
+  passes::ExecPlan plan = passes::fuse(g);
+  const auto* p = plan.ops.at(0).as<ops::AttentionPlan>();
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(plan.ops.size(), p->splits > 1 ? 2u : 1u);  // the split-keys merge, when decode-shaped
+  EXPECT_EQ(p->keys, keys);
+  EXPECT_EQ(p->k_strides[2], dim) << "key rows of the head dim, contiguous";
+  const ir::Value& k = g.value(p->k);
+  ASSERT_TRUE(k.is_constant);
+  ASSERT_EQ(k.shape, (Shape{1, heads, keys, dim}));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < keys; ++j)
+      for (int64_t d = 0; d < dim; ++d)
+        ASSERT_EQ(read_elem(dt, k.data, static_cast<size_t>((h * keys + j) * dim + d)),
+                  read_elem(dt, kt_bytes, static_cast<size_t>((h * dim + d) * keys + j)))
+            << "head " << h << " key " << j << " dim " << d;
+}
+
 }  // namespace
 }  // namespace kiln

@@ -107,6 +107,25 @@ class CrossAttention(nn.Module):
         return o.transpose(1, 2).reshape(b, n, d)
 
 
+class LearnedKeyAttention(nn.Module):
+    """Few queries over learned keys and values (cross-attention to latents, query slots):
+    export folds K^T into a constant, which the compiler stores as key rows; 3 queries a
+    head over 256 keys is decode-shaped, so the keys also split over blocks."""
+
+    def __init__(self, dim=64, heads=4, keys=256):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Parameter(torch.randn(1, heads, keys, dim // heads))
+        self.v = nn.Parameter(torch.randn(1, heads, keys, dim // heads))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, self.k.expand(b, -1, -1, -1), self.v.expand(b, -1, -1, -1))
+        return o.transpose(1, 2).reshape(b, n, d)
+
+
 class GroupedQueryAttention(nn.Module):
     """8 query heads sharing 2 key/value heads (enable_gqa)."""
 
@@ -227,6 +246,7 @@ FACTORIES = {
     "SdpaCausalBoolLong": lambda: CausalBufferAttention(additive=False),
     "EagerAttention": EagerAttention,
     "VitAttention": VitAttention,
+    "LearnedKeys": LearnedKeyAttention,
 }
 
 # factory name -> input shapes
@@ -249,4 +269,5 @@ CASES = {
     "SdpaCausalBoolLong": [[1, 300, 128]],
     "EagerAttention": [[2, 50, 64], [2, 1, 1, 50]],
     "VitAttention": [[1, 197, 768]],
+    "LearnedKeys": [[1, 3, 64]],
 }

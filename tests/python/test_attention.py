@@ -49,6 +49,7 @@ CASES = {
     "cross": (ca.CrossAttention, [(2, 40, 64), (2, 24, 64)]),
     "gqa": (ca.GroupedQueryAttention, [(2, 30, 128)]),
     "eager": (ca.EagerAttention, [(2, 50, 64), (2, 1, 1, 50)]),
+    "learned_keys": (ca.LearnedKeyAttention, [(1, 3, 64)]),
 }
 
 
@@ -61,9 +62,10 @@ def test_attention_is_one_step_with_no_layout_kernels(name, precision):
     assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
     labels = _labels(compiled)
     assert labels.count("attention") == 1, labels
-    # The projections, the attention and (float16) the casts at the edges:
-    # the head split/merge costs no kernel.
-    others = [s for s in labels if s not in ("attention", "linear", "addmm", "cast")]
+    # The projections, the attention (with its split-keys merge when few
+    # queries meet many keys) and (float16) the casts at the edges: the head
+    # split/merge costs no kernel.
+    others = [s for s in labels if s not in ("attention", "attention_combine", "linear", "addmm", "cast")]
     assert others == [], labels
 
 
