@@ -9,6 +9,9 @@ run by scripts/gpu_reliability_tests.sh) needs, on the CPU machine:
   tiny_mlp_sm87.pte         the same built for sm_87 only, no PTX (refused on an sm_90 GPU)
   deep_mlp.pte              6 x (Linear 256->256 + GELU) on [256, 256], fp32, host I/O
   deep_mlp_device_io.pte    the same with device-resident I/O (alternating caller streams)
+  split_attention.pte       two query rows a head over 1024 keys (fp32): the keys split
+                            over 16 blocks a head and merged (flash-decoding), run by 8
+                            threads at once on one shared engine
 
 Deterministic (fixed seed); about 3.5 MB in all (the deep MLP twice).
 
@@ -56,6 +59,21 @@ class DeepMlp(torch.nn.Module):
         for layer in self.layers:
             x = torch.nn.functional.gelu(layer(x))
         return x
+
+
+class SplitAttention(torch.nn.Module):
+    """Decode-shaped attention: 4 heads x 2 query rows over 1024 keys. The keys and values
+    depend on the input, so export keeps the attention whole (constant ones are folded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.randn(1, 4, 1024, 64))
+        self.register_buffer("v", torch.randn(1, 4, 1024, 64))
+
+    def forward(self, x):
+        q = x.view(1, 4, 2, 64)
+        s = x.mean()
+        return torch.nn.functional.scaled_dot_product_attention(q, self.k + s, self.v - s).reshape(8, 64)
 
 
 def device_resident_config() -> ExecutorchBackendConfig:
@@ -114,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     kiln.save(compiled, out / "deep_mlp.pte")
     kiln.save(compiled, out / "deep_mlp_device_io.pte", backend_config=device_resident_config())
     manifest["deep_mlp"] = {"delegates": compiled.delegates}
+
+    attention = SplitAttention().eval()
+    xa = torch.randn(8, 64)
+    exported = torch.export.export(attention, (xa,))
+    compiled = kiln.compile(exported, arg_inputs=(xa,), min_block_size=1)
+    kiln.save(compiled, out / "split_attention.pte")
+    manifest["split_attention"] = {"delegates": compiled.delegates}
 
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     for p in sorted(out.iterdir()):

@@ -9,7 +9,9 @@
 //               device-resident program, through executorch::extension::Module: each is
 //               refused, with the Error ExecuTorch or KilnBackend returns and the log line
 //   threads     THREADS threads x RUNS runs, each thread its own Module on one shared
-//               engine (half replaying CUDA graphs), outputs vs a reference computed once
+//               engine (half replaying CUDA graphs), outputs vs a reference computed once;
+//               the deep MLP, then a split decode attention (its per-split partial
+//               states live in each context's own arena)
 //   streams     one device-resident Module, runs alternating between two caller streams
 //               (kiln::CallerStreamGuard) with device-only I/O, every output checked
 //   cycles      CYCLES load/run/destroy cycles: host RSS and device memory growth < 1 MB
@@ -294,16 +296,18 @@ void check_bad_inputs(const std::string& dir) {
 }
 
 // ---------------------------------------------------------------- threads
-void check_threads(const std::string& dir, int n_threads, int runs) {
-  const std::string pte = dir + "/deep_mlp.pte";
+// `name`.pte (one float32 input of `shape`) from THREADS threads at once.
+void check_threads(const std::string& dir, const std::string& name, const std::vector<int64_t>& shape,
+                   int n_threads, int runs) {
+  const std::string pte = dir + "/" + name + ".pte";
   constexpr int kSets = 4;
   std::vector<HostTensor> inputs, reference(kSets);
   et::Error e;
   {
     auto ref = load_module(pte, 0, &e);
-    if (!ref) return report(false, "threads: cannot load deep_mlp.pte (%s)", error_name(e));
+    if (!ref) return report(false, "threads: cannot load %s.pte (%s)", name.c_str(), error_name(e));
     for (int k = 0; k < kSets; ++k) {
-      inputs.push_back(random_input({256, 256}, 100 + k));
+      inputs.push_back(random_input(shape, 100 + k));
       HostTensor in = inputs.back();
       if (!run_host(*ref, in, &reference[k], &e))
         return report(false, "threads: reference run failed (%s)", error_name(e));
@@ -334,10 +338,10 @@ void check_threads(const std::string& dir, int n_threads, int runs) {
   }
   for (auto& th : threads) th.join();
   report(mismatches == 0 && errors == 0,
-         "threads: %d threads x %d runs on one shared engine (%zu live engine(s) in the cache; "
+         "threads: %s, %d threads x %d runs on one shared engine (%zu live engine(s) in the cache; "
          "half replaying graphs), outputs vs a reference computed once: %ld mismatches, %ld "
          "errors",
-         n_threads, runs, live_engines, mismatches.load(), errors.load());
+         name.c_str(), n_threads, runs, live_engines, mismatches.load(), errors.load());
 }
 
 // ---------------------------------------------------------------- streams
@@ -582,7 +586,11 @@ int main(int argc, char** argv) {
   if (wanted(only, "sm")) check_sm(dir);
   if (wanted(only, "oom")) check_oom(dir);
   if (wanted(only, "streams")) check_streams(dir, stream_runs);
-  if (wanted(only, "threads")) check_threads(dir, threads, runs);
+  if (wanted(only, "threads")) {
+    check_threads(dir, "deep_mlp", {256, 256}, threads, runs);
+    // Split decode attention: each context keeps its own per-split partial states.
+    check_threads(dir, "split_attention", {8, 64}, threads, runs);
+  }
   if (wanted(only, "cycles")) check_cycles(dir, cycles);
   std::printf("%d failed\n", g_failures);
   return g_failures == 0 ? 0 : 1;
