@@ -104,6 +104,21 @@ TEST(EngineFormatConv, BaseEngineIsValid) {
   EXPECT_TRUE(st.is_ok()) << st.to_string();
 }
 
+// x (or z, out) stored under a shape that differs only in dims of size 1:
+// a conv over a view of an engine input, such as a [1, 4000] waveform read
+// as [1, 1, 4000, 1]. The same elements in another order (NCHW for NHWC)
+// are refused; the filter and bias shapes stay exact.
+TEST(EngineFormatConv, ActivationsMayDifferInUnitDims) {
+  EngineDesc d = make_conv_engine();
+  const std::vector<int64_t> x = d.tensors[0].shape;  // NHWC
+  ASSERT_EQ(x.size(), 4u);
+  d.tensors[0].shape = {x[0], 1, x[1], x[2], 1, x[3]};
+  Status st = validate_engine(d);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  d.tensors[0].shape = {x[0], x[3], x[1], x[2]};  // NCHW: as many elements, another order
+  expect_invalid(d, {"conv x tensor 0 'x' has shape", "differs only in dims of size 1"});
+}
+
 TEST(EngineFormatConv, RoundTripKeepsConvAndBatchFields) {
   EngineDesc d = make_conv_engine();
   d.steps[0].conv.dilation_h = 1;
@@ -186,8 +201,11 @@ TEST(EngineFormatConv, ValidationNamesEachProblem) {
                    d.tensors[2].shape = {1, 6};
                  }),
                  {"conv bias tensor 2 'bias' has shape [1, 6], expected [6]"});
-  expect_invalid(with([](EngineDesc& d) { d.tensors[3].shape = {2, 4, 6, 4}; }),
-                 {"conv z tensor 3 'z' has shape [2, 4, 6, 4], expected [2, 4, 4, 6]"});
+  expect_invalid(with([](EngineDesc& d) {
+                   d.tensors[3].shape = {2, 4, 4, 5};
+                   d.tensors[3].nbytes = 2 * 4 * 4 * 5 * 2;
+                 }),
+                 {"conv z tensor 3 'z' has shape [2, 4, 4, 5], expected [2, 4, 4, 6] (or one that differs only"});
   expect_invalid(with([](EngineDesc& d) {
                    d.tensors[2].dtype = DType::kFloat32;
                    d.tensors[2].nbytes = 24;

@@ -95,6 +95,26 @@ def test_conv1d_is_taken():
     assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
 
 
+class _WaveformConv(torch.nn.Module):
+    """wav2vec2's first layer: a raw [batch, samples] waveform, unsqueezed to one channel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 8, 10, stride=5)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.conv(x.unsqueeze(1)))
+
+
+def test_conv_over_a_view_of_the_input_is_taken():
+    # The conv reads the engine input itself ([1, 400] as [1, 1, 400, 1]); its step was
+    # refused by validation (x's shape is not NHWC) and the conv left to the CPU.
+    torch.manual_seed(0)
+    x = torch.randn(1, 400)
+    compiled = kiln.compile(torch.export.export(_WaveformConv().eval(), (x,)), arg_inputs=(x,), target_sms=(90,))
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
+
+
 class _Conv3d(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

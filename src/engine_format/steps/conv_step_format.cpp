@@ -164,18 +164,29 @@ Status validate(const StepCheck& check) {
                    l, static_cast<long long>(c.p), static_cast<long long>(c.q),
                    static_cast<long long>(p), static_cast<long long>(q));
 
-  // Exact shapes, NHWC / KRSC.
+  // Shapes, NHWC / KRSC: exact for the filter and bias; the activations
+  // (x, z, out) may be stored under a shape that differs only in dims of
+  // size 1, as when x is a view of an engine input (a [1, 4000] waveform read
+  // as [1, 1, 4000, 1]): the same elements in the same order. A permuted
+  // shape (NCHW for NHWC) is still refused.
   struct Expected {
     const char* role;
     uint32_t tensor;
     std::vector<int64_t> shape;
+    bool activation;
   };
   const Expected expected[] = {
-      {"x", c.x, {c.n, c.h, c.w_in, c.c}},
-      {"w", c.w, {c.k, c.r, c.s, c.c / c.groups}},
-      {"bias", c.bias, {c.k}},
-      {"z", c.z, {c.n, c.p, c.q, c.k}},
-      {"out", c.out, {c.n, c.p, c.q, c.k}},
+      {"x", c.x, {c.n, c.h, c.w_in, c.c}, true},
+      {"w", c.w, {c.k, c.r, c.s, c.c / c.groups}, false},
+      {"bias", c.bias, {c.k}, false},
+      {"z", c.z, {c.n, c.p, c.q, c.k}, true},
+      {"out", c.out, {c.n, c.p, c.q, c.k}, true},
+  };
+  auto squeezed = [](const std::vector<int64_t>& shape) {
+    std::vector<int64_t> s;
+    for (int64_t d : shape)
+      if (d != 1) s.push_back(d);
+    return s;
   };
   const DType dtype = desc.tensors[c.x].dtype;
   if (!is_float(dtype))
@@ -184,9 +195,10 @@ Status validate(const StepCheck& check) {
   for (const Expected& e : expected) {
     if (e.tensor == kNoTensor) continue;
     const TensorDesc& t = desc.tensors[e.tensor];
-    if (t.shape != e.shape)
-      return invalid("%s: conv %s tensor %u '%s' has shape %s, expected %s", l, e.role, e.tensor,
-                     t.name.c_str(), shape_text(t.shape).c_str(), shape_text(e.shape).c_str());
+    if (e.activation ? squeezed(t.shape) != squeezed(e.shape) : t.shape != e.shape)
+      return invalid("%s: conv %s tensor %u '%s' has shape %s, expected %s%s", l, e.role, e.tensor,
+                     t.name.c_str(), shape_text(t.shape).c_str(), shape_text(e.shape).c_str(),
+                     e.activation ? " (or one that differs only in dims of size 1)" : "");
     if (t.dtype != dtype)
       return invalid("%s: conv %s tensor %u '%s' is %s but x is %s", l, e.role, e.tensor,
                      t.name.c_str(), dtype_name(t.dtype), dtype_name(dtype));
