@@ -90,6 +90,19 @@ std::string describe(const std::string& op, const std::map<std::string, ir::Attr
   if (op == "aten.index.Tensor") {
     const size_t k = in.size() - 1;
     if (k > n) return "index.Tensor with more index tensors than input dims";
+    // Which data dim each index tensor indexes: the leading k, or where the
+    // list had its tensors (x[:, :, idx] is [None, None, idx]).
+    std::vector<size_t> dim_of(k);
+    for (size_t j = 0; j < k; ++j) dim_of[j] = j;
+    if (auto it = attrs.find("indices_positions"); it != attrs.end()) {
+      const auto* pos = std::get_if<std::vector<int64_t>>(&it->second);
+      if (pos == nullptr || pos->size() != k) return "index.Tensor index positions do not match its index tensors";
+      for (size_t j = 0; j < k; ++j) {
+        if ((*pos)[j] < 0 || (*pos)[j] >= static_cast<int64_t>(n) || (j > 0 && (*pos)[j] <= (*pos)[j - 1]))
+          return "index.Tensor index positions out of order or range";
+        dim_of[j] = static_cast<size_t>((*pos)[j]);
+      }
+    }
     size_t b = 0;  // broadcast rank of the indices
     for (size_t j = 1; j < in.size(); ++j) b = std::max(b, in[j].size());
     Shape bshape(b, 1);
@@ -102,12 +115,29 @@ std::string describe(const std::string& op, const std::map<std::string, ir::Attr
         if (want != 1) have = want;
       }
     }
-    Shape expect = bshape;
-    expect.insert(expect.end(), data.begin() + static_cast<std::ptrdiff_t>(k), data.end());
-    if (expect != out) return "index.Tensor output shape does not match its input and indices";
+    // PyTorch's rule: indexed dims next to each other put the broadcast
+    // index dims where the first of them was; apart, the index dims go first.
+    // The other data dims follow in order.
+    const bool adjacent = k == 0 || dim_of[k - 1] - dim_of[0] == k - 1;
+    const size_t at = adjacent && k > 0 ? dim_of[0] : 0;  // output dim of the first index dim
+    Shape expect;
+    std::vector<int> index_of(n, -1);  // data dim -> its index tensor
+    for (size_t j = 0; j < k; ++j) index_of[dim_of[j]] = static_cast<int>(j);
+    size_t next = 0;  // the next output dim of a non-indexed data dim
+    for (size_t s = 0; s < n; ++s) {
+      if (index_of[s] >= 0) {
+        p.source[s] = -index_of[s] - 1;
+        continue;
+      }
+      if (next == at) next += b;  // the index dims' place
+      p.source[s] = static_cast<int>(next++);
+    }
+    expect.assign(std::max(next, at + b), 0);
+    for (size_t q = 0; q < b; ++q) expect[at + q] = bshape[q];
     for (size_t s = 0; s < n; ++s)
-      p.source[s] = s < k ? -static_cast<int>(s) - 1 : static_cast<int>(b + s - k);
-    for (size_t j = 1; j < in.size(); ++j) p.indices.push_back({-1, broadcast_map(in[j], 0, b, r)});
+      if (p.source[s] >= 0) expect[static_cast<size_t>(p.source[s])] = data[s];
+    if (expect != out) return "index.Tensor output shape does not match its input and indices";
+    for (size_t j = 1; j < in.size(); ++j) p.indices.push_back({-1, broadcast_map(in[j], at, b, r)});
     return "";
   }
   return op + " is not a gather op";

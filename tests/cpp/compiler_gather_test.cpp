@@ -8,6 +8,7 @@
 // integer chains compute exactly (values past 2^24, where float would round).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -82,10 +83,27 @@ std::vector<float> reference(const GatherCase& c, const std::vector<float>& data
     if (c.op == "aten.embedding.default") {
       src = {fix(at(0, o, 0, c.indices[0].size()), c.data[0]), o[r - 1]};
     } else if (c.op == "aten.index.Tensor") {
+      // PyTorch's advanced indexing: the output is the non-indexed dims
+      // before the indexed ones, the broadcast index dims, the rest; or,
+      // when the indexed dims are not next to each other, the index dims
+      // first and then every non-indexed dim.
       size_t b = 0;
       for (const Shape& s : c.indices) b = std::max(b, s.size());
+      std::vector<int64_t> pos;
+      if (c.attrs.count("indices_positions")) pos = std::get<std::vector<int64_t>>(c.attrs.at("indices_positions"));
+      for (size_t k = pos.size(); k < c.indices.size(); ++k) pos.push_back(static_cast<int64_t>(k));
+      const bool adjacent = pos.back() - pos.front() == static_cast<int64_t>(pos.size()) - 1;
+      std::vector<size_t> before, after;  // non-indexed data dims around the index dims
       for (size_t s = 0; s < n; ++s)
-        src[s] = s < c.indices.size() ? fix(at(s, o, 0, b), c.data[s]) : o[b + s - c.indices.size()];
+        if (std::find(pos.begin(), pos.end(), static_cast<int64_t>(s)) == pos.end())
+          (adjacent && static_cast<int64_t>(s) < pos.front() ? before : after).push_back(s);
+      size_t q = 0;
+      for (size_t s : before) src[s] = o[q++];
+      const size_t first = q;
+      q += b;
+      for (size_t s : after) src[s] = o[q++];
+      for (size_t k = 0; k < pos.size(); ++k)
+        src[static_cast<size_t>(pos[k])] = fix(at(k, o, first, b), c.data[static_cast<size_t>(pos[k])]);
     } else {
       int64_t d = std::get<int64_t>(c.attrs.at("dim"));
       if (d < 0) d += static_cast<int64_t>(n);
@@ -167,6 +185,15 @@ std::vector<GatherCase> gather_cases() {
   cases.push_back({"aten.gather.default", "gather dim 0", {4, 6}, {{7, 6}}, {7, 6}, {{"dim", int64_t{0}}}, -4, 5});
   cases.push_back({"aten.index.Tensor", "index two broadcast tensors", {5, 6, 8}, {{4, 1}, {3}}, {4, 3, 8}, {}, -6, 5});
   cases.push_back({"aten.index.Tensor", "index one tensor (a table lookup)", {169, 3}, {{49, 49}}, {49, 49, 3}, {}, 0, 168});
+  // x[:, :, idx] (Falcon's rotary tables): [None, None, idx].
+  cases.push_back({"aten.index.Tensor", "index dim 2 only", {2, 3, 7, 4}, {{5}}, {2, 3, 5, 4},
+                   {{"indices_positions", std::vector<int64_t>{2}}}, -7, 6});
+  // x[:, i, j] with i, j broadcast: the index dims where dim 1 was.
+  cases.push_back({"aten.index.Tensor", "index dims 1 and 2", {2, 5, 6, 3}, {{4, 1}, {3}}, {2, 4, 3, 3},
+                   {{"indices_positions", std::vector<int64_t>{1, 2}}}, 0, 4});
+  // x[i, :, j]: indexed dims apart, so the index dims come first.
+  cases.push_back({"aten.index.Tensor", "index dims 0 and 2", {5, 3, 6}, {{4}, {4}}, {4, 3},
+                   {{"indices_positions", std::vector<int64_t>{0, 2}}}, 0, 4});
   return cases;
 }
 
