@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Hugging Face sweep: exports small random-weight configs of common
+transformers architectures (encoders, decoders, vision and audio models)
+through kiln.compile and reports, per model, the ops left to ExecuTorch's CPU
+kernels with the reason Kiln gave for each, so that gaps outside the
+benchmark models show up (a model that leaves an op on the CPU still runs:
+those ops run on the CPU between engines).
+
+    PYTHONPATH=python python3 tools/coverage/hf_sweep.py [--models gpt2,bart] \\
+        [--markdown docs/coverage_hf.md] [--target-sms 90]
+
+Configs are shrunk (2 layers, hidden 64-128, a 16-token prompt or a 64x64
+image) so the whole sweep takes about a minute on the 2-core CPU machine;
+the ops a model uses do not depend on its size. Attention runs through SDPA
+where the model offers it. Nothing is downloaded. Exit status 0 unless a
+model aborted inside Kiln (an exception from kiln.compile): ops left to the
+CPU are findings, not failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+import kiln  # noqa: E402
+import kiln.partitioner as kiln_partitioner  # noqa: E402
+
+
+class LastHidden(torch.nn.Module):
+    """The model's main output (last_hidden_state) as a plain tensor."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        out = self.model(*inputs)
+        return out["last_hidden_state"] if hasattr(out, "keys") else out[0]
+
+
+def _config(cls, sdpa: bool = True, **kw):
+    config = cls(**kw)
+    if sdpa:
+        config._attn_implementation = "sdpa"
+    return config
+
+
+def _ids(n: int = 16, vocab: int = 1000) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, n))
+
+
+def _image() -> torch.Tensor:
+    return torch.randn(1, 3, 64, 64)
+
+
+def cases() -> dict:
+    """name -> () -> (model, example inputs)."""
+    import transformers as T
+
+    text = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=256, vocab_size=1000)
+    decoder = dict(text, use_cache=False)
+    vision = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=256, image_size=64,
+                  patch_size=16)
+    return {
+        "bert": lambda: (T.BertModel(_config(T.BertConfig, **text)), (_ids(),)),
+        "roberta": lambda: (T.RobertaModel(_config(T.RobertaConfig, **text)), (_ids(),)),
+        "xlm_roberta": lambda: (T.XLMRobertaModel(_config(T.XLMRobertaConfig, **text)), (_ids(),)),
+        "distilbert": lambda: (T.DistilBertModel(_config(T.DistilBertConfig, n_layers=2, dim=128, n_heads=4,
+                                                          hidden_dim=256, vocab_size=1000)), (_ids(),)),
+        "albert": lambda: (T.AlbertModel(_config(T.AlbertConfig, embedding_size=64, **text)), (_ids(),)),
+        "electra": lambda: (T.ElectraModel(_config(T.ElectraConfig, embedding_size=64, **text)), (_ids(),)),
+        "deberta_v2": lambda: (T.DebertaV2Model(_config(T.DebertaV2Config, sdpa=False, **text)), (_ids(),)),
+        "t5_encoder": lambda: (T.T5EncoderModel(_config(T.T5Config, num_layers=2, d_model=128, num_heads=4, d_ff=256,
+                                                         d_kv=32, vocab_size=1000)), (_ids(),)),
+        "bart": lambda: (T.BartModel(_config(T.BartConfig, encoder_layers=1, decoder_layers=1, d_model=64,
+                                             encoder_attention_heads=4, decoder_attention_heads=4,
+                                             encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=1000,
+                                             max_position_embeddings=64)), (_ids(),)),
+        "gpt2": lambda: (T.GPT2Model(_config(T.GPT2Config, n_layer=2, n_embd=128, n_head=4, vocab_size=1000,
+                                             n_positions=64, use_cache=False)), (_ids(),)),
+        "opt": lambda: (T.OPTModel(_config(T.OPTConfig, ffn_dim=256, word_embed_proj_dim=128,
+                                           max_position_embeddings=64, num_hidden_layers=2, hidden_size=128,
+                                           num_attention_heads=4, vocab_size=1000, use_cache=False)), (_ids(),)),
+        "gpt_neox": lambda: (T.GPTNeoXModel(_config(T.GPTNeoXConfig, **decoder)), (_ids(),)),
+        "bloom": lambda: (T.BloomModel(_config(T.BloomConfig, sdpa=False, n_layer=2, hidden_size=128, n_head=4,
+                                               vocab_size=1000, use_cache=False)), (_ids(),)),
+        "falcon": lambda: (T.FalconModel(_config(T.FalconConfig, num_hidden_layers=2, hidden_size=128,
+                                                 num_attention_heads=4, vocab_size=1000, use_cache=False)),
+                           (_ids(),)),
+        "phi": lambda: (T.PhiModel(_config(T.PhiConfig, **decoder)), (_ids(),)),
+        "qwen2": lambda: (T.Qwen2Model(_config(T.Qwen2Config, num_key_value_heads=2, **decoder)), (_ids(),)),
+        "mistral": lambda: (T.MistralModel(_config(T.MistralConfig, num_key_value_heads=2, **decoder)), (_ids(),)),
+        "gemma": lambda: (T.GemmaModel(_config(T.GemmaConfig, num_key_value_heads=1, head_dim=32, **decoder)),
+                          (_ids(),)),
+        "vit": lambda: (T.ViTModel(_config(T.ViTConfig, **vision)), (_image(),)),
+        "clip_vision": lambda: (T.CLIPVisionModel(_config(T.CLIPVisionConfig, **vision)), (_image(),)),
+        "clip_text": lambda: (T.CLIPTextModel(_config(T.CLIPTextConfig, **text)), (_ids(),)),
+        "swin": lambda: (T.SwinModel(_config(T.SwinConfig, image_size=64, patch_size=4, embed_dim=32, depths=[1, 1],
+                                             num_heads=[2, 4], window_size=4)), (_image(),)),
+        "convnext": lambda: (T.ConvNextModel(_config(T.ConvNextConfig, sdpa=False, hidden_sizes=[32, 64],
+                                                     depths=[1, 1], num_stages=2)), (_image(),)),
+        "segformer": lambda: (T.SegformerModel(_config(T.SegformerConfig, sdpa=False, num_encoder_blocks=2,
+                                                       depths=[1, 1], hidden_sizes=[32, 64],
+                                                       num_attention_heads=[1, 2], sr_ratios=[2, 1],
+                                                       patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2])),
+                              (_image(),)),
+        "mobilevit": lambda: (T.MobileViTModel(_config(T.MobileViTConfig, sdpa=False, image_size=64)), (_image(),)),
+        "detr": lambda: (T.DetrModel(_config(T.DetrConfig, sdpa=False, use_timm_backbone=False,
+                                             backbone_config=T.ResNetConfig(depths=[1, 1], hidden_sizes=[32, 64],
+                                                                            layer_type="basic",
+                                                                            out_features=["stage2"]),
+                                             encoder_layers=1, decoder_layers=1, d_model=64,
+                                             encoder_attention_heads=4, decoder_attention_heads=4,
+                                             encoder_ffn_dim=128, decoder_ffn_dim=128, num_queries=10)),
+                         (_image(),)),
+        "whisper_encoder": lambda: (T.WhisperModel(_config(T.WhisperConfig, encoder_layers=2, decoder_layers=1,
+                                                           d_model=128, encoder_attention_heads=4,
+                                                           decoder_attention_heads=4, encoder_ffn_dim=256,
+                                                           decoder_ffn_dim=256, num_mel_bins=80,
+                                                           max_source_positions=50, vocab_size=1000,
+                                                           pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                                           decoder_start_token_id=1)).encoder,
+                                    (torch.randn(1, 80, 100),)),
+        "wav2vec2": lambda: (T.Wav2Vec2Model(_config(T.Wav2Vec2Config, num_hidden_layers=2, hidden_size=64,
+                                                     num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+                                                     conv_stride=(5, 2), conv_kernel=(10, 3),
+                                                     num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)),
+                             (torch.randn(1, 4000),)),
+    }
+
+
+def sweep_one(name: str, make, target_sms: tuple[int, ...]) -> dict:
+    """Exports one model; returns its row: status, CPU ops and Kiln's reasons."""
+    reasons: dict[str, str] = {}
+    original = kiln_partitioner.KilnOperatorSupport.is_node_supported
+
+    def recording(self, submodules, node):
+        taken = original(self, submodules, node)
+        if not taken and node in self.refusals:
+            reasons.setdefault(kiln_partitioner._fx_nodes.op_name(node.target), self.refusals[node])
+        return taken
+
+    start = time.time()
+    torch.manual_seed(0)
+    kiln_partitioner.KilnOperatorSupport.is_node_supported = recording
+    try:
+        model, inputs = make()
+        wrapped = LastHidden(model.eval()).eval()
+        try:
+            with torch.no_grad():
+                program = torch.export.export(wrapped, inputs, strict=False)
+        except Exception as e:  # noqa: BLE001 - torch.export's own limits are findings, not Kiln's
+            return {"model": name, "status": "export failed", "detail": f"{type(e).__name__}: {str(e)[:160]}",
+                    "seconds": time.time() - start}
+        try:
+            compiled = kiln.compile(program, arg_inputs=inputs, min_block_size=1, target_sms=target_sms)
+        except Exception as e:  # noqa: BLE001 - an abort inside Kiln: the one failure this sweep reports
+            return {"model": name, "status": "abort", "detail": f"{type(e).__name__}: {str(e)[:300]}",
+                    "seconds": time.time() - start}
+        cpu = dict(compiled.summary.ops_on_cpu)
+        return {"model": name, "status": "pass" if not cpu else "cpu", "cpu_ops": cpu,
+                "reasons": {op: reasons.get(op, "") for op in cpu}, "delegates": len(compiled.delegates),
+                "seconds": time.time() - start}
+    finally:
+        kiln_partitioner.KilnOperatorSupport.is_node_supported = original
+
+
+def markdown(rows: list[dict], commit: str) -> str:
+    lines = [
+        "# Coverage: small Hugging Face configs through Kiln",
+        "",
+        f"Written by `tools/coverage/hf_sweep.py` at commit {commit} (CPU export only: which ops stay on the",
+        "CPU, and why; the numerics of the engines are the GPU suites' job). Random weights, 2 layers, batch 1.",
+        "",
+        "| model | status | engines | ops left to the CPU (Kiln's reason) | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ops = "; ".join(f"`{op}` x{n}" + (f" ({r['reasons'][op]})" if r["reasons"].get(op) else "")
+                        for op, n in r.get("cpu_ops", {}).items()) or r.get("detail", "")
+        lines.append(f"| {r['model']} | {r['status']} | {r.get('delegates', '')} | {ops} | {r['seconds']:.1f} |")
+    passed = sum(r["status"] == "pass" for r in rows)
+    lines += ["", f"{passed}/{len(rows)} models with every op in Kiln engines; "
+              f"{sum(r['status'] == 'abort' for r in rows)} aborted inside Kiln."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated subset (default: all)")
+    parser.add_argument("--markdown", type=Path, help="write the table here")
+    parser.add_argument("--target-sms", default="90", help="comma-separated SMs the engines target")
+    args = parser.parse_args(argv)
+    table = cases()
+    names = [m for m in args.models.split(",") if m] or list(table)
+    unknown = [m for m in names if m not in table]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(table)}")
+    target_sms = tuple(int(s) for s in args.target_sms.split(","))
+    rows = []
+    for name in names:
+        row = sweep_one(name, table[name], target_sms)
+        rows.append(row)
+        cpu = ", ".join(f"{op} x{n}" for op, n in row.get("cpu_ops", {}).items())
+        print(f"hf_sweep: {name}: {row['status']}{': ' + cpu if cpu else ''}{': ' + row['detail'] if 'detail' in row else ''}"
+              f" ({row['seconds']:.1f} s)", flush=True)
+    if args.markdown:
+        import subprocess
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        args.markdown.write_text(markdown(rows, commit))
+        print(f"hf_sweep: wrote {args.markdown}")
+    return 1 if any(r["status"] == "abort" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
