@@ -243,6 +243,51 @@ std::string check_as_strided(const OpQuery& q) {
   return "";
 }
 
+// The [start, end) that a slice_scatter's start/end attributes (absent:
+// 0 / the end; negative: from the end) give along a dim of `size`.
+std::pair<int64_t, int64_t> scatter_range(const std::map<std::string, ir::Attr>& attrs, int64_t size) {
+  auto get = [&](const char* key, int64_t fallback) {
+    auto it = attrs.find(key);
+    const int64_t* v = it == attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
+    int64_t x = v ? *v : fallback;
+    if (x < 0) x += size;
+    return std::min(std::max<int64_t>(x, 0), size);
+  };
+  const int64_t start = get("start", 0);
+  return {start, std::max(start, get("end", size))};
+}
+
+// copy(self, src): src broadcast to self's shape (functionalized in-place
+// writes: `x[:, 0] = token`). slice_scatter(self, src, dim, start, end):
+// self with [start, end) along dim replaced by src, step 1.
+std::string check_scatter(const OpQuery& q) {
+  if (q.inputs.size() != 2 || q.outputs.size() != 1) return q.op + " needs self, src and one output";
+  const auto& self = q.inputs[0].shape;
+  const auto& src = q.inputs[1].shape;
+  if (q.outputs[0].shape != self) return q.op + " output shape differs from self's";
+  if (q.op == "aten.copy.default") {
+    if (src.size() > self.size()) return "copy from a source of higher rank";
+    for (size_t j = 0; j < src.size(); ++j)
+      if (src[j] != 1 && src[j] != self[self.size() - src.size() + j]) return "copy source does not broadcast to self";
+    return "";
+  }
+  auto it = q.attrs.find("step");
+  if (it != q.attrs.end()) {
+    const int64_t* step = std::get_if<int64_t>(&it->second);
+    if (step == nullptr || *step != 1) return "slice_scatter with a step other than 1 is not supported";
+  }
+  it = q.attrs.find("dim");
+  const int64_t* dim = it == q.attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
+  const int64_t rank = static_cast<int64_t>(self.size());
+  if (dim == nullptr || rank == 0 || *dim < -rank || *dim >= rank) return "slice_scatter dim out of range";
+  const size_t d = static_cast<size_t>(*dim < 0 ? *dim + rank : *dim);
+  const auto [start, end] = scatter_range(q.attrs, self[d]);
+  std::vector<int64_t> want = self;
+  want[d] = end - start;
+  if (src != want) return "slice_scatter source shape does not match the slice";
+  return "";
+}
+
 }  // namespace
 
 std::string check_layout(const OpQuery& q) {
@@ -253,6 +298,7 @@ std::string check_layout(const OpQuery& q) {
     if (t.dtype != q.inputs[0].dtype) return q.op + " that changes dtype is not supported";
   bool multi = q.op == "aten.split_with_sizes_copy.default" || q.op == "aten.split_copy.Tensor";
   if (!multi && q.outputs.size() != 1) return q.op + " with several outputs is not supported";
+  if (q.op == "aten.copy.default" || q.op == "aten.slice_scatter.default") return check_scatter(q);
   if (q.op != "aten.cat.default" && q.inputs.size() != 1) return q.op + " needs exactly one tensor input";
   try {
     if (q.op == "aten.repeat.default") return check_repeat(q);
@@ -344,6 +390,41 @@ std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::No
       throw CompileError("node '" + node.name + "': as_strided strides do not match the output's rank");
     return {piece(in.id, out.id, out.shape, read, contiguous(out.shape))};
   }
+  if (op == "aten.copy.default") {  // src broadcast to self's shape
+    const ir::Value& out = graph.value(node.outputs[0]);
+    const ir::Value& s = graph.value(node.inputs.at(1));
+    const Source from = source(s.id);
+    if (s.shape.size() > out.shape.size())
+      throw CompileError("node '" + node.name + "': copy from a source of higher rank");
+    AffineMap read{from.offset, std::vector<int64_t>(out.shape.size(), 0)};
+    const size_t lead = out.shape.size() - s.shape.size();
+    for (size_t j = 0; j < s.shape.size(); ++j)
+      if (s.shape[j] != 1) read.coef[lead + j] = from.strides[j];
+    return {piece(from.value, out.id, out.shape, read, contiguous(out.shape))};
+  }
+  if (op == "aten.slice_scatter.default") {  // self around the slice, src in it
+    const ir::Value& out = graph.value(node.outputs[0]);
+    const size_t d = static_cast<size_t>(normalize_dim(node.int_attr("dim", 0), out.shape.size(), node));
+    const auto [start, end] = scatter_range(node.attrs, out.shape[d]);
+    const std::vector<int64_t> out_strides = ir::contiguous_strides(out.shape);
+    std::vector<PointwisePlan> pieces;
+    auto self_piece = [&](int64_t from, int64_t to) {
+      if (to <= from) return;
+      std::vector<int64_t> shape = out.shape;
+      shape[d] = to - from;
+      pieces.push_back(piece(src.value, out.id, shape, {src.offset + from * in_strides[d], in_strides},
+                             {from * out_strides[d], out_strides}));
+    };
+    self_piece(0, start);
+    const ir::Value& part = graph.value(node.inputs.at(1));
+    if (part.numel() > 0) {
+      const Source from = source(part.id);
+      pieces.push_back(piece(from.value, out.id, part.shape, {from.offset, from.strides},
+                             {start * out_strides[d], out_strides}));
+    }
+    self_piece(end, out.shape[d]);
+    return pieces;
+  }
   if (op == "aten.cat.default") {
     const ir::Value& out = graph.value(node.outputs[0]);
     int64_t d = normalize_dim(node.int_attr("dim", 0), out.shape.size(), node);
@@ -434,7 +515,8 @@ KILN_REGISTER_OPS(layout) {
   for (const char* name : {"aten.permute_copy.default", "aten.permute.default", "aten.t_copy.default", "aten.t.default",
                            "aten.transpose_copy.int", "aten.slice_copy.Tensor", "aten.select_copy.int",
                            "aten.cat.default", "aten.split_with_sizes_copy.default", "aten.split_copy.Tensor",
-                           "aten.repeat.default", "aten.as_strided_copy.default"}) {
+                           "aten.repeat.default", "aten.as_strided_copy.default", "aten.copy.default",
+                           "aten.slice_scatter.default"}) {
     OpDef def;
     def.name = name;
     def.role = OpRole::kStep;

@@ -1,5 +1,7 @@
 // Ops that move elements without arithmetic: permute/transpose of
-// activations, slice, select, cat, split, repeat and as_strided. Each becomes
+// activations, slice, select, cat, split, repeat, as_strided, and the
+// functionalized in-place writes copy (src broadcast to self's shape) and
+// slice_scatter (self with a step-1 slice replaced by src). Each becomes
 // one or more layout kernels (an affine read and an affine write, see
 // passes/exec_plan.h), or aliases its input where it keeps the element order
 // (a permute that moves only size-1 dims, an as_strided with the input's own

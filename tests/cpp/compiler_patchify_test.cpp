@@ -489,5 +489,41 @@ TEST_F(LayoutChain, AliasesKeepTheShapesConvolutionsAndGemmsRead) {
   }
 }
 
+// Functionalized in-place writes (BART's shift_tokens_right: y[:, 1:] =
+// x[:, :-1]; y[:, 0] = token): slice_scatter as layout pieces (self around
+// the slice, src in it) and copy as a broadcast read of src.
+TEST_F(Patchify, SliceScatterAndCopyAreLayoutPieces) {
+  const int64_t n = 2, l = 6, c = 3;
+  ir::Graph g;
+  const int x = g.add_input("x", DType::kFloat32, {n, l, c});
+  const int self = g.add_constant("self", DType::kFloat32, {n, l, c}, random(n * l * c));
+  const int head = add1(g, "aten.slice_copy.Tensor", "head", {x}, {{"dim", int64_t{1}}, {"start", int64_t{0}},
+                        {"end", int64_t{2}}}, {n, 2, c});
+  // start -3 is 3: rows 3 and 4 of self replaced by rows 0 and 1 of x.
+  const int y = add1(g, "aten.slice_scatter.default", "scatter", {self, head},
+                     {{"dim", int64_t{1}}, {"start", int64_t{-3}}, {"end", int64_t{5}}, {"step", int64_t{1}}},
+                     {n, l, c});
+  const int row = add1(g, "aten.select_copy.int", "row", {x}, {{"dim", int64_t{0}}, {"index", int64_t{1}}}, {l, c});
+  const int z = add1(g, "aten.copy.default", "fill", {y, row}, {}, {n, l, c});  // x[1] broadcast over n
+  g.set_outputs({y, z});
+  const ir::Graph original = g;
+  passes::ExecPlan plan = plan_of(g);
+  const std::vector<float> xin = floats(random(n * l * c));
+  const std::vector<float> base = floats(original.value(self).data);
+  std::vector<float> want_y(base), want_z(base.size());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < l; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const size_t at = static_cast<size_t>((b * l + i) * c + j);
+        if (i == 3 || i == 4) want_y[at] = xin[static_cast<size_t>((b * l + i - 3) * c + j)];
+        want_z[at] = xin[static_cast<size_t>((l + i) * c + j)];
+      }
+  expect_close(run_plan(g, plan, xin), want_y);
+  ir::Graph second = original;
+  second.set_outputs({z});
+  passes::ExecPlan plan_z = plan_of(second);
+  expect_close(run_plan(second, plan_z, xin), want_z);
+}
+
 }  // namespace
 }  // namespace kiln

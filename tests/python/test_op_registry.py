@@ -67,6 +67,17 @@ class Layout(torch.nn.Module):
         return p, t, s, one, halves[0], v, red, x.mean()
 
 
+class InPlaceWrites(torch.nn.Module):
+    """Writes into a fresh tensor (BART's shift_tokens_right), which export
+    functionalizes into copy and slice_scatter."""
+
+    def forward(self, x):
+        y = torch.zeros_like(x)
+        y[:, 1:] = x[:, :-1]
+        y[:, 0] = x[:, -1]
+        return y * 2
+
+
 class Vision(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -140,6 +151,7 @@ def _examples():
         "elementwise": (Elementwise(), (torch.randn(4, 8), torch.randn(4, 8))),
         "matmuls": (Matmuls(), (torch.randn(4, 8), torch.randn(4, 5))),
         "layout": (Layout(), (torch.randn(2, 4, 6),)),
+        "in_place_writes": (InPlaceWrites(), (torch.randn(3, 7),)),
         "vision": (Vision().eval(), (torch.randn(1, 3, 8, 8),)),
         "resample": (Resample(), (torch.randn(1, 2, 4, 5), torch.randn(1, 2, 3, 4, 5))),
         "norms": (Norms().eval(), (torch.randn(2, 4, 8, 8), torch.randn(2, 3, 3, 8))),
