@@ -64,8 +64,20 @@ class SegmentationHead(nn.Module):
         return F.interpolate(self.cls(y), size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
-FACTORIES = {"Upsampling": Upsampling, "Padding": Padding, "SegmentationHead": SegmentationHead}
+class Bicubic(nn.Module):
+    """Bicubic upsampling, which export decomposes into clamped index gathers
+    (x[:, :, iy, ix], index.Tensor with None before its index tensors) and
+    weighted sums: the gathers' index placement on the GPU."""
+
+    def forward(self, x):
+        return (F.interpolate(x, scale_factor=2, mode="bicubic"),
+                F.interpolate(x, size=(9, 14), mode="bicubic", align_corners=True))
+
+
+FACTORIES = {"Upsampling": Upsampling, "Padding": Padding, "SegmentationHead": SegmentationHead,
+             "Bicubic": Bicubic}
 CASES = {
+    "Bicubic": [[2, 3, 6, 7]],
     "Upsampling": [[2, 3, 10, 12]],
     "Padding": [[2, 3, 10, 12], [2, 3, 16]],
     "SegmentationHead": [[2, 8, 24, 20]],
