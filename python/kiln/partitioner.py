@@ -135,6 +135,23 @@ def _uses_later_outputs(node: torch.fx.Node) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
+def _constant_view_ops() -> frozenset[str]:
+    """Ops the compiler folds when their input is a constant (views, permutes)."""
+    return frozenset(native().constant_view_ops())
+
+
+def _is_constant(arg: torch.fx.Node, constant_names: set[str]) -> bool:
+    """A constant placeholder, or a view or permute chain of one: the compiler
+    folds the chain (Mamba's conv weight is unsqueeze(squeeze(weight)))."""
+    while arg.op == "call_function" and _fx_nodes.op_name(arg.target) in _constant_view_ops():
+        tensors = [a for a in arg.args if isinstance(a, torch.fx.Node)]
+        if len(tensors) != 1:
+            return False
+        arg = tensors[0]
+    return arg.op == "placeholder" and arg.name in constant_names
+
+
 def query_support(
     node: torch.fx.Node, constant_names: set[str]
 ) -> Optional[str]:
@@ -149,8 +166,7 @@ def query_support(
     inputs = []
     for arg in desc.inputs:
         t = _fx_nodes.node_tensor_type(arg)
-        is_constant = arg.op == "placeholder" and arg.name in constant_names
-        inputs.append((t.dtype, t.shape, is_constant))
+        inputs.append((t.dtype, t.shape, _is_constant(arg, constant_names)))
     outputs = [(t.dtype, t.shape) for t in desc.outputs]
     return native().check_support(desc.op, inputs, desc.attrs, outputs)
 

@@ -84,6 +84,11 @@ std::vector<std::string> supported_ops();
 // partitioner refuses those nodes; OpDef::first_output_only).
 std::map<std::string, std::string> first_output_only_ops();
 
+// Ops whose node is a constant at compile time whenever its input is one
+// (views and permutes, folded by passes/fold_constants.cpp): the
+// partitioner counts a weight reached through them as constant.
+std::vector<std::string> constant_view_ops();
+
 // Compiles `graph` into an engine. Throws CompileError.
 engine::EngineDesc compile_to_desc(const ir::Graph& graph, const CompileOptions& options);
 

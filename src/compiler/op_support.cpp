@@ -7,6 +7,7 @@
 #include "compiler/compiler.h"
 #include "ops/elementwise_kernel.h"
 #include "ops/op_registry.h"
+#include "passes/passes.h"
 
 namespace kiln::compiler {
 namespace {
@@ -76,6 +77,13 @@ std::map<std::string, std::string> first_output_only_ops() {
   for (const ops::OpDef* def : ops::all_ops())
     if (!def->internal() && !def->first_output_only.empty()) ops[def->name] = def->first_output_only;
   return ops;
+}
+
+std::vector<std::string> constant_view_ops() {
+  std::vector<std::string> names;
+  for (const ops::OpDef* def : ops::all_ops())
+    if (!def->internal() && passes::folds_view_of_constant(def->name)) names.push_back(def->name);
+  return names;
 }
 
 std::optional<std::string> check_support(const OpQuery& q) {

@@ -64,6 +64,10 @@ std::vector<uint8_t> broadcast_constant_data(const ir::Value& in, const std::vec
 
 }  // namespace
 
+bool folds_view_of_constant(const std::string& op) {
+  return ops::is_constant_permute_op(op) || ops::is_view_op(op);
+}
+
 void fold_constants(ir::Graph& graph) {
   for (ir::Node& node : graph.nodes()) {
     if (node.inputs.size() != 1 || node.outputs.size() != 1) continue;
@@ -98,8 +102,8 @@ void fold_constants(ir::Graph& graph) {
       node.op = "kiln.folded";
       continue;
     }
-    bool permute = ops::is_constant_permute_op(node.op);
-    if (!permute && !ops::is_view_op(node.op)) continue;
+    if (!folds_view_of_constant(node.op)) continue;
+    const bool permute = ops::is_constant_permute_op(node.op);
     const ir::Value& in = graph.value(node.inputs[0]);
     if (!in.is_constant) continue;
     ir::Value& out = graph.value(node.outputs[0]);

@@ -16,6 +16,9 @@ namespace kiln::passes {
 // Evaluates permutes/transposes and views of constants at export time; the
 // folded node's output becomes a constant and the node is marked "kiln.folded".
 void fold_constants(ir::Graph& graph);
+// Whether fold_constants makes a node of `op` a constant whenever its input
+// is one: views and permutes (the element bytes are the input's, reordered).
+bool folds_view_of_constant(const std::string& op);
 
 // Nodes with the same op, attributes and (already merged) inputs as an
 // earlier node are computed once (common_subexpressions.cpp).

@@ -211,6 +211,8 @@ NB_MODULE(_kiln_compiler, m) {
         "None when the compiler takes the node; otherwise the reason it does not.\n"
         "inputs: [(dtype, shape, is_constant)], outputs: [(dtype, shape)].");
   m.def("supported_ops", &compiler::supported_ops);
+  m.def("constant_view_ops", &compiler::constant_view_ops,
+        "Ops whose node is a compile-time constant whenever its input is (views, permutes).");
   m.def("first_output_only", &compiler::first_output_only_ops,
         "{op: reason} for multi-output ops of which the compiler computes output 0 only.");
   m.def("compile", &py_compile, "graph"_a, "target_sms"_a, "emit_ptx"_a = true,

@@ -31,6 +31,15 @@ def test_supported_ops(kc):
     assert "aten.cumsum.default" not in ops
 
 
+def test_constant_view_ops(kc):
+    # What fold_constants turns into a constant when its input is one: the
+    # partitioner follows a weight through these (Mamba's squeezed conv weight).
+    ops = set(kc.constant_view_ops())
+    assert {"aten.view_copy.default", "aten.squeeze_copy.dims", "aten.unsqueeze_copy.default",
+            "aten.permute_copy.default"} <= ops
+    assert "aten.add.Tensor" not in ops and "aten.cat.default" not in ops
+
+
 def test_check_support(kc):
     assert kc.check_support("aten.relu.default", [("float32", [4, 8], False)], {}, [("float32", [4, 8])]) is None
     reason = kc.check_support("aten.cumsum.default", [("float32", [4, 8], False)], {"dim": 1}, [("float32", [4, 8])])

@@ -1,7 +1,9 @@
 """tools/coverage/hf_sweep.py on the models whose gaps it found: Falcon's rotary
-tables (index.Tensor with None before the index tensor) and wav2vec2's first
-conv over the raw waveform (a conv reading a view of the engine input) each
-left ops on the CPU; both now run entirely in Kiln engines."""
+tables (index.Tensor with None before the index tensor), wav2vec2's first
+conv over the raw waveform (a conv reading a view of the engine input),
+BART's shift_tokens_right (copy + slice_scatter) and Mamba's depthwise conv
+(its weight reached through squeeze/unsqueeze of the parameter) each left
+ops on the CPU; all now run entirely in Kiln engines."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "coverage
 import hf_sweep  # noqa: E402
 
 
-@pytest.mark.parametrize("name", ["falcon", "wav2vec2"])
+@pytest.mark.parametrize("name", ["falcon", "wav2vec2", "bart", "mamba"])
 def test_model_runs_entirely_in_kiln(name):
     row = hf_sweep.sweep_one(name, hf_sweep.cases()[name], (90,))
     assert row["status"] == "pass", row

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Hugging Face sweep: exports small random-weight configs of common
-transformers architectures (encoders, decoders, vision and audio models)
+transformers architectures (encoders, decoders, a state-space model, vision
+and audio models)
 through kiln.compile and reports, per model, the ops left to ExecuTorch's CPU
 kernels with the reason Kiln gave for each, so that gaps outside the
 benchmark models show up (a model that leaves an op on the CPU still runs:
@@ -98,11 +99,26 @@ def cases() -> dict:
         "mistral": lambda: (T.MistralModel(_config(T.MistralConfig, num_key_value_heads=2, **decoder)), (_ids(),)),
         "gemma": lambda: (T.GemmaModel(_config(T.GemmaConfig, num_key_value_heads=1, head_dim=32, **decoder)),
                           (_ids(),)),
+        "llama": lambda: (T.LlamaModel(_config(T.LlamaConfig, num_key_value_heads=2, **decoder)), (_ids(),)),
+        "mamba": lambda: (T.MambaModel(_config(T.MambaConfig, sdpa=False, num_hidden_layers=2, hidden_size=64,
+                                               state_size=8, vocab_size=1000, use_cache=False)), (_ids(),)),
         "vit": lambda: (T.ViTModel(_config(T.ViTConfig, **vision)), (_image(),)),
         "clip_vision": lambda: (T.CLIPVisionModel(_config(T.CLIPVisionConfig, **vision)), (_image(),)),
         "clip_text": lambda: (T.CLIPTextModel(_config(T.CLIPTextConfig, **text)), (_ids(),)),
         "swin": lambda: (T.SwinModel(_config(T.SwinConfig, image_size=64, patch_size=4, embed_dim=32, depths=[1, 1],
                                              num_heads=[2, 4], window_size=4)), (_image(),)),
+        "dinov2": lambda: (T.Dinov2Model(_config(T.Dinov2Config, num_hidden_layers=2, hidden_size=128,
+                                                 num_attention_heads=4, image_size=56, patch_size=14)),
+                           (torch.randn(1, 3, 56, 56),)),
+        "beit": lambda: (T.BeitModel(_config(T.BeitConfig, sdpa=False, use_relative_position_bias=True, **vision)),
+                         (_image(),)),
+        "levit": lambda: (T.LevitModel(_config(T.LevitConfig, sdpa=False, image_size=64, hidden_sizes=[32, 64, 96],
+                                               num_attention_heads=[1, 2, 3], depths=[1, 1, 1], key_dim=[8, 8, 8])),
+                          (_image(),)),
+        "perceiver": lambda: (T.PerceiverModel(_config(T.PerceiverConfig, sdpa=False, num_latents=16, d_latents=64,
+                                                       d_model=32, num_blocks=1, num_self_attends_per_block=1,
+                                                       num_self_attention_heads=2, num_cross_attention_heads=1)),
+                              (torch.randn(1, 20, 32),)),
         "convnext": lambda: (T.ConvNextModel(_config(T.ConvNextConfig, sdpa=False, hidden_sizes=[32, 64],
                                                      depths=[1, 1], num_stages=2)), (_image(),)),
         "segformer": lambda: (T.SegformerModel(_config(T.SegformerConfig, sdpa=False, num_encoder_blocks=2,
