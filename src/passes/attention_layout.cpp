@@ -141,18 +141,13 @@ void untranspose_constant_keys(ir::Graph& graph) {
     const ir::Value& kt = graph.value(node.inputs[1]);
     if (!kt.is_constant || kt.shape.size() < 2) continue;
     const size_t rank = kt.shape.size();
-    const int64_t dim = kt.shape[rank - 2], keys = kt.shape[rank - 1];
-    const int64_t mats = dim * keys == 0 ? 0 : kt.numel() / (dim * keys);
-    const size_t es = engine::dtype_size(kt.dtype);
-    std::vector<uint8_t> rows(kt.data.size());
-    for (int64_t b = 0; b < mats; ++b)
-      for (int64_t d = 0; d < dim; ++d)
-        for (int64_t j = 0; j < keys; ++j)
-          std::copy_n(kt.data.data() + static_cast<size_t>((b * dim + d) * keys + j) * es, es,
-                      rows.data() + static_cast<size_t>((b * keys + j) * dim + d) * es);
+    std::vector<int64_t> swap_last(rank);
+    for (size_t d = 0; d < rank; ++d) swap_last[d] = static_cast<int64_t>(d);
+    std::swap(swap_last[rank - 1], swap_last[rank - 2]);
     Shape shape = kt.shape;
     std::swap(shape[rank - 1], shape[rank - 2]);
-    const int k = graph.add_constant(kt.name + "_key_rows", kt.dtype, std::move(shape), ir::Bytes(std::move(rows)));
+    const int k = graph.add_constant(kt.name + "_key_rows", kt.dtype, std::move(shape),
+                                     permute_constant_data(kt, swap_last));
     ir::Node& fused = graph.nodes()[n];
     fused.inputs[1] = k;
     fused.attrs.erase("k_transposed");
