@@ -21,6 +21,8 @@ CPU are findings, not failures.
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,7 +32,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
 import kiln  # noqa: E402
-import kiln.partitioner as kiln_partitioner  # noqa: E402
 
 
 class LastHidden(torch.nn.Module):
@@ -151,20 +152,32 @@ def cases() -> dict:
     }
 
 
+# The partitioner's line for each op it leaves to the CPU (logged on "kiln").
+_CPU_LINE = re.compile(r"^kiln: (\S+) x\d+ on the CPU: (.*)$")
+
+
+class _CpuReasons(logging.Handler):
+    """Collects the reason the partitioner announces for each op left to the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.reasons: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _CPU_LINE.match(record.getMessage())
+        if match:
+            self.reasons.setdefault(match.group(1), match.group(2))
+
+
 def sweep_one(name: str, make, target_sms: tuple[int, ...]) -> dict:
     """Exports one model; returns its row: status, CPU ops and Kiln's reasons."""
-    reasons: dict[str, str] = {}
-    original = kiln_partitioner.KilnOperatorSupport.is_node_supported
-
-    def recording(self, submodules, node):
-        taken = original(self, submodules, node)
-        if not taken and node in self.refusals:
-            reasons.setdefault(kiln_partitioner._fx_nodes.op_name(node.target), self.refusals[node])
-        return taken
-
     start = time.time()
     torch.manual_seed(0)
-    kiln_partitioner.KilnOperatorSupport.is_node_supported = recording
+    logger = logging.getLogger("kiln")
+    collected = _CpuReasons()
+    level = logger.level
+    logger.addHandler(collected)
+    logger.setLevel(min(level, logging.INFO) if level else logging.INFO)
     try:
         model, inputs = make()
         wrapped = LastHidden(model.eval()).eval()
@@ -181,10 +194,11 @@ def sweep_one(name: str, make, target_sms: tuple[int, ...]) -> dict:
                     "seconds": time.time() - start}
         cpu = dict(compiled.summary.ops_on_cpu)
         return {"model": name, "status": "pass" if not cpu else "cpu", "cpu_ops": cpu,
-                "reasons": {op: reasons.get(op, "") for op in cpu}, "delegates": len(compiled.delegates),
+                "reasons": {op: collected.reasons.get(op, "") for op in cpu}, "delegates": len(compiled.delegates),
                 "seconds": time.time() - start}
     finally:
-        kiln_partitioner.KilnOperatorSupport.is_node_supported = original
+        logger.removeHandler(collected)
+        logger.setLevel(level)
 
 
 def markdown(rows: list[dict], commit: str) -> str:
