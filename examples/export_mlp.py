@@ -6,8 +6,8 @@ reference outputs for kiln_runner:
   mlp_fp16          the same model in float16
   mlp_fp32_in_fp16  the float32 model compiled with enabled_precisions={float16}
                     (float32 inputs/outputs, float16 inside the engine)
-  mlp_cumsum_fp32   cumsum in the middle: two delegates around a CPU op
-  chain8_fp32       Linear/GELU/Linear and cumsum, 8 times: 8+ engines
+  mlp_cpu_op_fp32   flip in the middle: two delegates around a CPU op
+  chain8_fp32       Linear/GELU/Linear and flip, 8 times: 8+ engines
                     (batch 2048, so each engine's arena is big enough to see
                     what the shared activation scratch saves)
 
@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     export_one(args.out, "mlp_fp32_in_fp16", "Mlp", torch.float32, torch.randn(args.batch, 512), f16, 1e-2,
                manifest,
                weights_of="mlp_fp32")
-    export_one(args.out, "mlp_cumsum_fp32", "MlpWithCpuOp", torch.float32, torch.randn(args.batch, 512), f32,
+    export_one(args.out, "mlp_cpu_op_fp32", "MlpWithCpuOp", torch.float32, torch.randn(args.batch, 512), f32,
                1e-5, manifest)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     # The runtime-feature models get a manifest of their own
     # (tests/gpu/runtime_features_test.py; run_gpu_tests.py reads manifest*.json).
     runtime_manifest: list = []
-    export_one(args.out, "chain8_fp32", "LinearCumsumChain", torch.float32, torch.randn(2048, 256),
+    export_one(args.out, "chain8_fp32", "LinearCpuOpChain", torch.float32, torch.randn(2048, 256),
                f32, 1e-4, runtime_manifest)
     (args.out / "manifest_runtime.json").write_text(json.dumps(runtime_manifest, indent=1))
     return 0

@@ -21,7 +21,7 @@ class Mlp(nn.Module):
 
 
 class MlpWithCpuOp(nn.Module):
-    """An MLP with one op Kiln does not compile (cumsum) in the middle: it runs
+    """An MLP with one op Kiln does not compile (flip) in the middle: it runs
     on ExecuTorch's CPU kernels between two Kiln engines."""
 
     def __init__(self, in_features=512, hidden=1024, out_features=32):
@@ -31,12 +31,12 @@ class MlpWithCpuOp(nn.Module):
 
     def forward(self, x):
         x = torch.nn.functional.gelu(self.fc1(x))
-        x = torch.cumsum(x, dim=-1) * (1.0 / 32.0)
+        x = torch.flip(x, dims=[-1])
         return torch.relu(self.fc2(x))
 
 
-class LinearCumsumChain(nn.Module):
-    """Linear -> GELU -> Linear blocks alternating with torch.cumsum (which Kiln
+class LinearCpuOpChain(nn.Module):
+    """Linear -> GELU -> Linear blocks alternating with torch.flip (which Kiln
     leaves to the CPU), `depth` times: the program splits into `depth`+ Kiln
     engines, each with an activation arena (the GELU output), so it shows what
     one arena per engine costs vs the shared activation scratch. Small
@@ -50,11 +50,11 @@ class LinearCumsumChain(nn.Module):
     def forward(self, x):
         for up, down in zip(self.up, self.down):
             x = down(torch.nn.functional.gelu(up(x)))
-            x = torch.cumsum(x, dim=-1) * (1.0 / x.shape[-1])
+            x = torch.flip(x, dims=[-1])
         return x
 
 
-FACTORIES = {"Mlp": Mlp, "MlpWithCpuOp": MlpWithCpuOp, "LinearCumsumChain": LinearCumsumChain}
+FACTORIES = {"Mlp": Mlp, "MlpWithCpuOp": MlpWithCpuOp, "LinearCpuOpChain": LinearCpuOpChain}
 
 
 def build(factory, **kwargs):

@@ -2,7 +2,7 @@
 """Exports the small .pte files that the reliability tests damage on purpose:
 
   tiny_mlp        Linear/GELU/Linear, one engine
-  tiny_two_engine Linear/ReLU, cumsum (left on the CPU), Linear/sigmoid: two engines
+  tiny_two_engine Linear/ReLU, flip (left on the CPU), Linear/sigmoid: two engines
   tiny_conv       Conv2d+BN+ReLU, depthwise conv, pooling, Linear: one engine with cuDNN
                   and generated kernels
   tiny_mlp_fp16   tiny_mlp computing in float16 inside the engine
@@ -43,7 +43,7 @@ class TinyMlp(torch.nn.Module):
 
 
 class TinyTwoEngine(torch.nn.Module):
-    """cumsum is not taken by the compiler: engine, CPU op, engine."""
+    """flip is not taken by the compiler: engine, CPU op, engine."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,7 +52,7 @@ class TinyTwoEngine(torch.nn.Module):
 
     def forward(self, x):
         x = torch.relu(self.fc1(x))
-        x = torch.cumsum(x, dim=-1)
+        x = torch.flip(x, dims=[-1])
         return torch.sigmoid(self.fc2(x))
 
 

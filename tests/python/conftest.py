@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _helpers import MLP, CumsumMLP, export
+from _helpers import MLP, CpuOpMLP, export
 
 KILN_DIR = Path(__file__).resolve().parents[2] / "python" / "kiln"
 
@@ -55,9 +55,9 @@ def mlp_program():
 
 
 @pytest.fixture
-def cumsum_program():
+def cpu_op_program():
     torch.manual_seed(0)
-    return export(CumsumMLP(), torch.randn(8, 64))
+    return export(CpuOpMLP(), torch.randn(8, 64))
 
 
 @pytest.fixture(scope="session")

@@ -23,9 +23,9 @@ def test_compile_error_is_the_extension_class():
 def test_unsupported_node_in_graph_names_the_node():
     g = kiln._kiln_compiler.Graph()
     x = g.add_input("x", "float32", [4, 8])
-    (y,) = g.add_node("aten.cumsum.default", "my_cumsum", [x], {"dim": -1}, [("float32", [4, 8])])
+    (y,) = g.add_node("aten.flip.default", "my_flip", [x], {"dims": [-1]}, [("float32", [4, 8])])
     g.set_outputs([y])
-    with pytest.raises(kiln.CompileError, match="my_cumsum"):
+    with pytest.raises(kiln.CompileError, match="my_flip"):
         kiln._kiln_compiler.compile(g, [90])
 
 
@@ -35,11 +35,11 @@ def test_preprocess_of_an_unsupported_program_names_the_node():
 
     class M(torch.nn.Module):
         def forward(self, x):
-            return torch.cumsum(torch.relu(x), dim=0)
+            return torch.flip(torch.relu(x), dims=[0])
 
     edge = to_edge(export(M(), torch.randn(4, 4)), compile_config=edge_compile_config())
     specs = validate_options().to_compile_specs()
-    with pytest.raises(kiln.CompileError, match="aten_cumsum_default"):
+    with pytest.raises(kiln.CompileError, match="aten_flip_default"):
         kiln.KilnBackend.preprocess(edge.exported_program(), specs)
 
 

@@ -18,7 +18,7 @@ import kiln
 from kiln import _compile
 from kiln._options import validate_options
 
-from _helpers import MLP, CumsumMLP, engines_in_pte, export
+from _helpers import MLP, CpuOpMLP, engines_in_pte, export
 
 pytestmark = pytest.mark.needs_compiler
 
@@ -48,7 +48,7 @@ def lowered_for_gpu(ep, compiled) -> _compile.CompiledProgram:
     return _compile.CompiledProgram(manager, options, summary, ep)
 
 
-@pytest.mark.parametrize("model", [MLP, CumsumMLP], ids=["one_delegate", "two_delegates_and_cpu_op"])
+@pytest.mark.parametrize("model", [MLP, CpuOpMLP], ids=["one_delegate", "two_delegates_and_cpu_op"])
 def test_device_io_save_retags_instead_of_relowering(model, tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
     ep = export(model(), torch.randn(8, 64))
@@ -90,9 +90,9 @@ def test_hand_edited_specs_fall_back_to_relowering(tmp_path, monkeypatch):
 ENGINE_SCRIPT = """
 import sys, torch, kiln
 sys.path.insert(0, {tests!r})
-from _helpers import CumsumMLP, export, engines_in_pte
+from _helpers import CpuOpMLP, export, engines_in_pte
 torch.manual_seed(0)
-ep = export(CumsumMLP(), torch.randn(8, 64))
+ep = export(CpuOpMLP(), torch.randn(8, 64))
 for backend, specs, blob in engines_in_pte(kiln.save(kiln.compile(ep), {out!r}).read_bytes()):
     print(blob.hex())
 """
@@ -118,7 +118,7 @@ def test_long_partitions_report_their_compile_time(monkeypatch, capsys):
     from kiln import _trial
 
     torch.manual_seed(0)
-    ep = export(CumsumMLP(), torch.randn(8, 64))
+    ep = export(CpuOpMLP(), torch.randn(8, 64))
     kiln.compile(ep)
     assert "kiln: compiled partition" not in capsys.readouterr().err  # fast: no extra lines
     monkeypatch.setattr(_trial, "SLOW_COMPILE_S", 0.0)

@@ -14,7 +14,7 @@ import torch
 import kiln
 from kiln import _trial
 
-from _helpers import MLP, CumsumMLP, export, lowered_modules
+from _helpers import MLP, CpuOpMLP, export, lowered_modules
 from test_partitioner import _cpu_ops
 
 pytestmark = pytest.mark.needs_compiler
@@ -123,10 +123,10 @@ def test_failing_linear_is_decomposed_and_its_gemm_left_to_the_cpu(inject, capsy
     # decomposed, and only its GEMM (and weight transpose) stays on the CPU.
     inject({"aten.linear.default": "named"})
     torch.manual_seed(0)
-    compiled = _compile(export(CumsumMLP(), torch.randn(8, 64)))
+    compiled = _compile(export(CpuOpMLP(), torch.randn(8, 64)))
     cpu = compiled.summary.ops_on_cpu
     assert "aten.linear.default" not in cpu
-    assert cpu.get("aten.addmm.default") == 2 and cpu.get("aten.cumsum.default") == 1, cpu
+    assert cpu.get("aten.addmm.default") == 2 and cpu.get("aten.flip.default") == 1, cpu
     err = capsys.readouterr().err
     assert "kiln: lowering again with 2 aten.linear.default decomposed" in err
     assert kiln.save(compiled, tmp_path / "m.pte").stat().st_size > 0
@@ -134,8 +134,8 @@ def test_failing_linear_is_decomposed_and_its_gemm_left_to_the_cpu(inject, capsy
     assert compiled.summary.ops_taken == 2
 
 
-def test_trial_engines_are_not_compiled_again(cumsum_program, count_compiles, capsys):
-    compiled = _compile(cumsum_program)
+def test_trial_engines_are_not_compiled_again(cpu_op_program, count_compiles, capsys):
+    compiled = _compile(cpu_op_program)
     assert compiled.delegates == ["KilnBackend", "KilnBackend"]
     assert len(count_compiles) == 2  # one compile per partition, in the partitioner
     err = capsys.readouterr().err
@@ -143,22 +143,22 @@ def test_trial_engines_are_not_compiled_again(cumsum_program, count_compiles, ca
     assert len(_trial.ENGINE_CACHE) == 0  # preprocess took them all
 
 
-def test_preprocess_compiles_when_the_partitioner_did_not(cumsum_program, count_compiles):
+def test_preprocess_compiles_when_the_partitioner_did_not(cpu_op_program, count_compiles):
     from executorch.exir import to_edge_transform_and_lower
 
     from kiln._compile import edge_compile_config
 
     partitioner = kiln.KilnPartitioner(trial_compile=False, target_sms=(90,))
-    manager = to_edge_transform_and_lower(cumsum_program, partitioner=[partitioner],
+    manager = to_edge_transform_and_lower(cpu_op_program, partitioner=[partitioner],
                                           compile_config=edge_compile_config())
     assert [m.backend_id for m in lowered_modules(manager)] == ["KilnBackend", "KilnBackend"]
     assert len(count_compiles) == 2
 
 
-def test_engines_from_trial_and_preprocess_are_identical(cumsum_program):
+def test_engines_from_trial_and_preprocess_are_identical(cpu_op_program):
     # The cached engine is byte-identical to what preprocess would compile.
     torch.manual_seed(0)
-    with_trial = _compile(cumsum_program)
+    with_trial = _compile(cpu_op_program)
     from executorch.exir import to_edge_transform_and_lower
 
     from kiln._compile import edge_compile_config
@@ -167,7 +167,7 @@ def test_engines_from_trial_and_preprocess_are_identical(cumsum_program):
     partitioner = kiln.KilnPartitioner(trial_compile=False, target_sms=(90,),
                                        weights_prefix=with_trial.options.weights_prefix)
     manager = to_edge_transform_and_lower(
-        cumsum_program, partitioner=[partitioner], compile_config=edge_compile_config())
+        cpu_op_program, partitioner=[partitioner], compile_config=edge_compile_config())
     a = [bytes(m.processed_bytes) for m in lowered_modules(with_trial.edge_program_manager)]
     b = [bytes(m.processed_bytes) for m in lowered_modules(manager)]
     assert a == b
@@ -179,7 +179,7 @@ def _run_on_cpu(pte, inputs):
     return program.load_method("forward").execute(inputs)
 
 
-@pytest.mark.parametrize("model, shape", [(MLP, (8, 64)), (CumsumMLP, (8, 64))])
+@pytest.mark.parametrize("model, shape", [(MLP, (8, 64)), (CpuOpMLP, (8, 64))])
 def test_everything_failing_leaves_a_cpu_program_that_matches_pytorch(inject, capsys, tmp_path, model, shape):
     # Every op fails to compile: the whole model stays on ExecuTorch's
     # portable CPU kernels, which can run here (the Kiln delegate needs a GPU).
@@ -272,14 +272,14 @@ def test_trial_engines_with_parameters_and_buffers_are_reused(count_compiles):
     assert len(count_compiles) == 1
 
 
-def test_preprocess_failure_without_trial_says_what_to_do(cumsum_program, inject):
+def test_preprocess_failure_without_trial_says_what_to_do(cpu_op_program, inject):
     from executorch.exir import to_edge_transform_and_lower
 
     from kiln._compile import edge_compile_config
 
     inject({"aten.relu.default": "named"})
     with pytest.raises(kiln.CompileError, match=r"injected failure(.|\n)*trial_compile=True"):
-        to_edge_transform_and_lower(cumsum_program, partitioner=[kiln.KilnPartitioner(trial_compile=False)],
+        to_edge_transform_and_lower(cpu_op_program, partitioner=[kiln.KilnPartitioner(trial_compile=False)],
                                     compile_config=edge_compile_config())
 
 

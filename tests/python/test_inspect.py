@@ -5,7 +5,7 @@ import torch
 
 import kiln
 
-from _helpers import CumsumMLP, export, lowered_modules
+from _helpers import CpuOpMLP, export, lowered_modules
 
 pytestmark = pytest.mark.needs_compiler
 
@@ -51,7 +51,7 @@ def test_engine_contents(compiled_mlp):
 
 def test_an_explicit_sm_list_gets_exactly_its_cubins():
     # The full default list named by hand: a cubin for each SM, as before.
-    compiled = kiln.compile(export(CumsumMLP(), torch.randn(4, 64)),
+    compiled = kiln.compile(export(CpuOpMLP(), torch.randn(4, 64)),
                             target_sms=[80, 86, 87, 89, 90, 100, 110, 120])
     for info in _engines(compiled):
         assert info["metadata"]["target_sms"] == "80,86,87,89,90,100,110,120"
@@ -61,7 +61,7 @@ def test_an_explicit_sm_list_gets_exactly_its_cubins():
 
 def test_options_reach_the_engine():
     compiled = kiln.compile(
-        export(CumsumMLP(), torch.randn(4, 64)),
+        export(CpuOpMLP(), torch.randn(4, 64)),
         target_sms=[90, 100],
         use_cuda_graphs=False,
     )

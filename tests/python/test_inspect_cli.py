@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _helpers import CumsumMLP, engines_in_pte, export
+from _helpers import CpuOpMLP, engines_in_pte, export
 
 pytestmark = pytest.mark.needs_compiler
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +23,8 @@ def pte(tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     # gemv_kernels=False: fc1 stays one cuBLASLt GEMM, an engine without generated code.
-    compiled = kiln.compile(export(CumsumMLP(), torch.randn(4, 64)), use_cuda_graphs=False, gemv_kernels=False)
-    return kiln.save(compiled, tmp_path_factory.mktemp("inspect") / "cumsum.pte")
+    compiled = kiln.compile(export(CpuOpMLP(), torch.randn(4, 64)), use_cuda_graphs=False, gemv_kernels=False)
+    return kiln.save(compiled, tmp_path_factory.mktemp("inspect") / "cpu_op.pte")
 
 
 def inspect(*args) -> tuple[int, str, str]:

@@ -18,13 +18,13 @@ def kiln_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("kiln: ")]
 
 
-def test_two_partitions(cumsum_program, capsys, caplog):
+def test_two_partitions(cpu_op_program, capsys, caplog):
     with caplog.at_level(logging.INFO, logger="kiln"):
-        compiled = kiln.compile(cumsum_program)
+        compiled = kiln.compile(cpu_op_program)
     lines = kiln_lines(capsys.readouterr().err)
     sizes = [len(bytes(m.processed_bytes)) for m in lowered_modules(compiled.edge_program_manager)]
 
-    assert lines[0] == "kiln: 2 partitions, 4 ops taken by KilnBackend, 1 op left to the CPU: aten.cumsum.default"
+    assert lines[0] == "kiln: 2 partitions, 4 ops taken by KilnBackend, 1 op left to the CPU: aten.flip.default"
     starts = [i for i, line in enumerate(lines) if line.startswith("kiln: compiling partition")]
     assert [lines[i] for i in starts] == [
         "kiln: compiling partition 1/2: 2 nodes",
@@ -33,10 +33,10 @@ def test_two_partitions(cumsum_program, capsys, caplog):
     # The compiler's own lines for each partition follow its progress line.
     assert starts[1] - starts[0] > 1 and len(lines) - 1 - starts[1] > 1
     # Every parameter is delegated, so the named data holds all of them.
-    weights = sum(t.numel() * t.element_size() for t in cumsum_program.state_dict.values())
+    weights = sum(t.numel() * t.element_size() for t in cpu_op_program.state_dict.values())
     assert lines[-1] == (
         "kiln: done: 2 partitions, 4 ops taken by KilnBackend, 1 op left to the CPU "
-        f"(aten.cumsum.default); engines {sizes[0]:,} + {sizes[1]:,} = {sum(sizes):,} bytes; "
+        f"(aten.flip.default); engines {sizes[0]:,} + {sizes[1]:,} = {sum(sizes):,} bytes; "
         f"weights {weights:,} bytes as named data"
     )
     # The same lines reach the "kiln" logger, for applications that log.
