@@ -28,8 +28,9 @@ gtest_discover_tests(kiln_compiler_depthwise_tests)
 
 # Generated kernels run on the CPU like the depthwise tests (cuda_host_shim.h):
 # resample / pad kernels; transposed and 1-D convolutions and 1-D pooling;
-# gathers; pointwise kernels in their vector and scalar forms; launch groups.
-foreach(family resample convt gather pointwise launch_group)
+# gathers; pointwise kernels in their vector and scalar forms; launch groups;
+# the cumsum scan.
+foreach(family resample convt gather pointwise launch_group scan)
   add_executable(kiln_compiler_${family}_tests compiler_${family}_test.cpp compiler_test_util.cpp)
   target_compile_definitions(kiln_compiler_${family}_tests PRIVATE
     KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h")

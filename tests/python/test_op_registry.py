@@ -21,6 +21,7 @@ from _helpers import export
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 import conformance_elementwise  # noqa: E402 - the GPU conformance programs double as examples here
 import conformance_gather  # noqa: E402
+import conformance_scan  # noqa: E402
 
 F = torch.nn.functional
 pytestmark = pytest.mark.needs_compiler
@@ -162,6 +163,9 @@ def _examples():
     } | {
         f"gather_{name}": (factory().eval(), tuple(torch.randn(shape) for shape in conformance_gather.CASES[name]))
         for name, factory in conformance_gather.FACTORIES.items()
+    } | {
+        f"scan_{name}": (factory().eval(), tuple(torch.randn(shape) for shape in conformance_scan.CASES[name]))
+        for name, factory in conformance_scan.FACTORIES.items()
     }
 
 
