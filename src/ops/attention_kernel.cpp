@@ -48,6 +48,12 @@ __device__ __forceinline__ void kiln_cp_async16(void* dst, const void* src, bool
 }
 __device__ __forceinline__ void kiln_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void kiln_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+// The first key tile after t whose bit is set in vis (tiles when none is).
+__device__ __forceinline__ int kiln_next_tile(const unsigned* vis, int t, int tiles) {
+  for (++t; t < tiles; ++t)
+    if ((vis[t >> 5] >> (t & 31)) & 1u) return t;
+  return tiles;
+}
 #endif
 )";
 
@@ -158,6 +164,40 @@ void emit_tile_load(std::ostream& s, bool async, const std::string& dst,
   s << "    }\n";
 }
 
+// With a mask tensor, which key tiles some row of the block can see, as bits
+// in shared `vis`, and the first of them (`t_first`). The main loop then
+// neither copies nor waits for a tile the mask hides from every row: a
+// KV-cache prefill's causal mask over the whole cache hides most tiles of
+// most blocks, and each hidden tile cost a copy, its wait and two barriers.
+// Every mask load of the scan is independent, so they overlap. A row or key
+// out of range counts as visible, as in the main loop.
+void emit_visible_tiles(std::ostream& s, const AttentionPlan& p, int threads) {
+  s << "  constexpr int kTileWords = (int)((kKeys + kBN - 1) / kBN + 31) / 32;\n"
+    << "  __shared__ unsigned vis[kTileWords];\n"
+    << "  for (int i = threadIdx.x; i < kTileWords; i += " << threads << ") vis[i] = 0u;\n"
+    << "  __syncthreads();\n"
+    << "  {\n"
+    << "    const long long wrow0 = (long long)blockIdx.x * " << 16 * (threads / 32) << " + (threadIdx.x >> 5) * 16;\n"
+    << "    const int sg = (threadIdx.x & 31) >> 2, st4 = threadIdx.x & 3;\n"
+    << "    #pragma unroll 2\n"
+    << "    for (int t = 0; t < tiles; ++t) {\n"
+    << "      bool seen = false;\n"
+    << "      #pragma unroll\n"
+    << "      for (int j = 0; j < kBN / 8; ++j)\n"
+    << "        #pragma unroll\n"
+    << "        for (int e = 0; e < 4; ++e) {\n"
+    << "          const long long row = wrow0 + sg + (e >> 1) * 8, key = (long long)t * kBN + j * 8 + st4 * 2 + (e & 1);\n"
+    << "          float x = 0.0f;\n"
+    << "          if (row < kRows && key < kKeys) { " << mask_update(p, "row", "key") << " }\n"
+    << "          seen = seen || x != KILN_NEG_INF;\n"
+    << "        }\n"
+    << "      if (__any_sync(0xffffffffu, seen) && (threadIdx.x & 31) == 0) atomicOr(&vis[t >> 5], 1u << (t & 31));\n"
+    << "    }\n"
+    << "  }\n"
+    << "  __syncthreads();\n"
+    << "  const int t_first = (vis[0] & 1u) ? 0 : kiln_next_tile(vis, 0, tiles);\n";
+}
+
 void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
   const int warps = mma_warps(p);
   const int threads = 32 * warps;
@@ -188,9 +228,13 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
   else
     s << "  const long long key_end = kKeys;\n";
   s << "  const int tiles = (int)((key_end + kBN - 1) / kBN);\n";
+  if (masked)
+    emit_visible_tiles(s, p, threads);
+  else
+    s << "  const int t_first = 0;\n";
   if (async) {
     s << "  // The first key/value tile is in flight while Q is read.\n"
-      << "  {\n    const long long n0 = 0;\n";
+      << "  if (t_first < tiles) {\n    const long long n0 = (long long)t_first * kBN;\n";
     load_tiles("0", "n0");
     s << "  }\n";
   }
@@ -209,9 +253,11 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     << "  #pragma unroll\n"
     << "  for (int j = 0; j < kDv / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;\n"
     << "  float m_run[2] = {KILN_NEG_INF, KILN_NEG_INF}, l_run[2] = {0.0f, 0.0f};\n"
-    << "  for (int t = 0; t < tiles; ++t) {\n"
+    << "  int t_next = t_first;\n"
+    << "  for (int t = t_first, it = 0; t < tiles; t = t_next, ++it) {\n"
+    << "    t_next = " << (masked ? "kiln_next_tile(vis, t, tiles)" : "t + 1") << ";\n"
     << "    const long long n0 = (long long)t * kBN;\n"
-    << "    const int buf = kStages > 1 ? (t & 1) : 0;\n";
+    << "    const int buf = kStages > 1 ? (it & 1) : 0;\n";
   // A key tile's value wait (async copies) and its end: every warp is done
   // with the buffer before it is refilled (single stage: refilled here).
   // Emitted for computed tiles and for tiles a mask hides alike.
@@ -226,14 +272,14 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
   auto end_tile = [&](const std::string& in) {
     s << in << "__syncthreads();  // every warp is done with this buffer before it is refilled\n";
     if (async && stages == 1) {
-      s << in << "if (t + 1 < tiles) {\n" << in << "  const long long n1 = n0 + kBN;\n";
+      s << in << "if (t_next < tiles) {\n" << in << "  const long long n1 = (long long)t_next * kBN;\n";
       load_tiles("0", "n1");
       s << in << "}\n";
     }
   };
   if (async && stages > 1) {
-    s << "    const bool next = t + 1 < tiles;\n"
-      << "    if (next) {\n      const long long n1 = n0 + kBN;\n      const int nb = buf ^ 1;\n";
+    s << "    const bool next = t_next < tiles;\n"
+      << "    if (next) {\n      const long long n1 = (long long)t_next * kBN;\n      const int nb = buf ^ 1;\n";
     load_tiles("nb", "n1");
     s << "    }\n"
       << "    if (next) kiln_cp_wait<3>(); else kiln_cp_wait<1>();  // this tile's keys\n";
