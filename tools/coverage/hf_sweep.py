@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hugging Face sweep: exports small random-weight configs of common
-transformers architectures (encoders, decoders, a state-space model, vision
-and audio models)
+transformers architectures (encoders, decoders, a mixture of experts, a
+state-space model, vision and audio models)
 through kiln.compile and reports, per model, the ops left to ExecuTorch's CPU
 kernels with the reason Kiln gave for each, so that gaps outside the
 benchmark models show up (a model that leaves an op on the CPU still runs:
@@ -11,8 +11,8 @@ those ops run on the CPU between engines).
         [--markdown docs/coverage_hf.md] [--target-sms 90]
 
 Configs are shrunk (2 layers, hidden 64-128, a 16-token prompt or a 64x64
-image) so the whole sweep takes about a minute on the 2-core CPU machine;
-the ops a model uses do not depend on its size. Attention runs through SDPA
+image) so the whole sweep of 59 models takes about three minutes on the
+2-core CPU machine; the ops a model uses do not depend on its size. Attention runs through SDPA
 where the model offers it. Nothing is downloaded. Exit status 0 unless a
 model aborted inside Kiln (an exception from kiln.compile): ops left to the
 CPU are findings, not failures.
@@ -149,6 +149,73 @@ def cases() -> dict:
                                                      conv_stride=(5, 2), conv_kernel=(10, 3),
                                                      num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)),
                              (torch.randn(1, 4000),)),
+        "gptj": lambda: (T.GPTJModel(_config(T.GPTJConfig, n_layer=2, n_embd=128, n_head=4, rotary_dim=16,
+                                             vocab_size=1000, n_positions=64, use_cache=False)), (_ids(),)),
+        "codegen": lambda: (T.CodeGenModel(_config(T.CodeGenConfig, n_layer=2, n_embd=128, n_head=4, rotary_dim=16,
+                                                   vocab_size=1000, n_positions=64, n_ctx=64, use_cache=False)),
+                            (_ids(),)),
+        "stablelm": lambda: (T.StableLmModel(_config(T.StableLmConfig, num_key_value_heads=4, **decoder)), (_ids(),)),
+        "phi3": lambda: (T.Phi3Model(_config(T.Phi3Config, num_key_value_heads=2, pad_token_id=0, **decoder)),
+                         (_ids(),)),
+        "qwen3": lambda: (T.Qwen3Model(_config(T.Qwen3Config, num_key_value_heads=2, head_dim=32, **decoder)),
+                          (_ids(),)),
+        "gemma2": lambda: (T.Gemma2Model(_config(T.Gemma2Config, sdpa=False, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                                                 **decoder)), (_ids(),)),
+        "olmo2": lambda: (T.Olmo2Model(_config(T.Olmo2Config, **decoder)), (_ids(),)),
+        "mpt": lambda: (T.MptModel(_config(T.MptConfig, sdpa=False, n_layers=2, d_model=128, n_heads=4,
+                                           expansion_ratio=2, vocab_size=1000, max_seq_len=64, use_cache=False)),
+                        (_ids(),)),
+        "gpt_bigcode": lambda: (T.GPTBigCodeModel(_config(T.GPTBigCodeConfig, n_layer=2, n_embd=128, n_head=4,
+                                                          vocab_size=1000, n_positions=64, use_cache=False)),
+                                (_ids(),)),
+        "mixtral": lambda: (T.MixtralModel(_config(T.MixtralConfig, num_key_value_heads=2, num_local_experts=4,
+                                                   num_experts_per_tok=2, **decoder)), (_ids(),)),
+        "mobilebert": lambda: (T.MobileBertModel(_config(T.MobileBertConfig, embedding_size=64, true_hidden_size=64,
+                                                         intra_bottleneck_size=64, num_feedforward_networks=2,
+                                                         **text)), (_ids(),)),
+        "funnel": lambda: (T.FunnelModel(_config(T.FunnelConfig, sdpa=False, block_sizes=[1, 1], d_model=64, n_head=4,
+                                                 d_head=16, d_inner=128, num_decoder_layers=1, vocab_size=1000)),
+                           (_ids(),)),
+        "xlnet": lambda: (T.XLNetModel(_config(T.XLNetConfig, sdpa=False, d_model=64, n_layer=2, n_head=4, d_inner=128,
+                                               vocab_size=1000, use_mems_eval=False)), (_ids(),)),
+        "resnet": lambda: (T.ResNetModel(_config(T.ResNetConfig, sdpa=False, embedding_size=32, hidden_sizes=[32, 64],
+                                                 depths=[1, 1], layer_type="bottleneck")), (_image(),)),
+        "regnet": lambda: (T.RegNetModel(_config(T.RegNetConfig, sdpa=False, embedding_size=32, hidden_sizes=[32, 64],
+                                                 depths=[1, 1], groups_width=16)), (_image(),)),
+        "efficientnet": lambda: (T.EfficientNetModel(_config(T.EfficientNetConfig, sdpa=False, image_size=64,
+                                                             width_coefficient=0.25, depth_coefficient=0.25,
+                                                             hidden_dim=320)), (_image(),)),
+        "mobilenet_v2": lambda: (T.MobileNetV2Model(_config(T.MobileNetV2Config, sdpa=False, image_size=64,
+                                                            depth_multiplier=0.35)), (_image(),)),
+        "convnextv2": lambda: (T.ConvNextV2Model(_config(T.ConvNextV2Config, sdpa=False, hidden_sizes=[32, 64],
+                                                         depths=[1, 1], num_stages=2)), (_image(),)),
+        "poolformer": lambda: (T.PoolFormerModel(_config(T.PoolFormerConfig, sdpa=False, num_encoder_blocks=2,
+                                                         depths=[1, 1], hidden_sizes=[32, 64], patch_sizes=[7, 3],
+                                                         strides=[4, 2], padding=[2, 1])), (_image(),)),
+        "yolos": lambda: (T.YolosModel(_config(T.YolosConfig, num_detection_tokens=10, **dict(vision, image_size=[64, 64]))),
+                          (_image(),)),
+        "dpt": lambda: (T.DPTModel(_config(T.DPTConfig, backbone_out_indices=[0, 1, 1, 1], **vision),
+                                   add_pooling_layer=False), (_image(),)),
+        "sam_vision": lambda: (T.SamVisionModel(_config(T.SamVisionConfig, sdpa=False, hidden_size=64,
+                                                        num_hidden_layers=2, num_attention_heads=4, mlp_dim=128,
+                                                        image_size=64, patch_size=8, output_channels=32,
+                                                        window_size=4, global_attn_indexes=[1])), (_image(),)),
+        "hubert": lambda: (T.HubertModel(_config(T.HubertConfig, num_hidden_layers=2, hidden_size=64,
+                                                 num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+                                                 conv_stride=(5, 2), conv_kernel=(10, 3),
+                                                 num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)),
+                           (torch.randn(1, 4000),)),
+        "speech2text_encoder": lambda: (T.Speech2TextModel(_config(T.Speech2TextConfig, sdpa=False, encoder_layers=2,
+                                                                   decoder_layers=1, d_model=128,
+                                                                   encoder_attention_heads=4,
+                                                                   decoder_attention_heads=4, encoder_ffn_dim=256,
+                                                                   decoder_ffn_dim=256, vocab_size=1000,
+                                                                   input_feat_per_channel=80,
+                                                                   conv_channels=128)).encoder,
+                                        (torch.randn(1, 100, 80),)),
+        "ast": lambda: (T.ASTModel(_config(T.ASTConfig, num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                                           intermediate_size=256, patch_size=16, num_mel_bins=32, max_length=64,
+                                           frequency_stride=10, time_stride=10)), (torch.randn(1, 64, 32),)),
     }
 
 
