@@ -36,3 +36,17 @@ def test_unknown_model_is_refused_with_the_known_names(capsys):
     with pytest.raises(SystemExit):
         hf_sweep.main(["--models", "nope"])
     assert "unknown models ['nope']" in capsys.readouterr().err
+
+
+def test_reasons_include_nodes_refused_after_a_failed_compile():
+    # A node left to the CPU because its partition failed to compile is
+    # announced by _partition_trial.py, not by the partitioner's "on the
+    # CPU" line; the table must still give its reason.
+    import logging
+    collected = hf_sweep._CpuReasons()
+    for message in ["kiln: aten.bmm.default ('aten_bmm_default_2') left to the CPU: engine failed validation",
+                    "kiln: aten.topk.default x2 on the CPU: not implemented",
+                    "kiln: 7 partitions, 211 ops taken by KilnBackend, 6 ops left to the CPU: aten.bmm.default (x4)"]:
+        collected.emit(logging.LogRecord("kiln", logging.INFO, __file__, 0, message, None, None))
+    assert collected.reasons == {"aten.bmm.default": "engine failed validation",
+                                 "aten.topk.default": "not implemented"}
