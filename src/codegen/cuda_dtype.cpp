@@ -22,6 +22,10 @@ const char* storage_type(engine::DType d) {
 
 bool is_integer(engine::DType d) { return d == engine::DType::kInt64 || d == engine::DType::kInt32; }
 
+bool is_float(engine::DType d) {
+  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
+}
+
 const char* value_type(engine::DType d) {
   switch (d) {
     case engine::DType::kInt64: return "long long";

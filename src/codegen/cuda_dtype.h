@@ -22,6 +22,7 @@ struct AffineMap {
 // long long (int64), int (int32).
 const char* storage_type(engine::DType d);
 bool is_integer(engine::DType d);  // int64 or int32
+bool is_float(engine::DType d);    // float32, float16 or bfloat16
 // The type a value of dtype `d` has inside a kernel: integers keep their own
 // type (exact), every other dtype is a float (bool as 1.0f / 0.0f).
 const char* value_type(engine::DType d);

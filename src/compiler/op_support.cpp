@@ -10,11 +10,8 @@
 #include "passes/passes.h"
 
 namespace kiln::compiler {
+using codegen::is_float;
 namespace {
-
-bool is_float(engine::DType d) {
-  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
-}
 
 // Which dtypes a tensor of the node may have: float always; bool and
 // int64/int32 too for views and ops that declare any_dtype; for elementwise

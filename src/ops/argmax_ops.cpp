@@ -18,11 +18,8 @@ constexpr unsigned kArgmaxBlock = 256, kArgmaxLongBlock = 1024;
 constexpr int64_t kArgmaxLongRow = 8192;
 constexpr int kArgmaxUnroll = 8;
 
+using codegen::is_float;
 using codegen::ll;
-
-bool is_float(engine::DType d) {
-  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
-}
 
 // The normalized dim, or -1 for "over everything"; "" or why not.
 std::string argmax_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, int64_t* dim) {

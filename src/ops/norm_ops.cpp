@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "codegen/cuda_dtype.h"
 #include "ops/norm_kernel.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
+using codegen::is_float;
 namespace {
 
 constexpr const char* kLayerNorm = "aten.native_layer_norm.default";
@@ -277,10 +279,6 @@ const ir::Node& node_at(PlanContext& ctx, int index) { return ctx.graph().nodes(
 
 bool is_cast(const std::string& op) {
   return op == "aten._to_copy.default" || op == "kiln.cast" || op == "aten._to_dim_order_copy.default";
-}
-
-bool is_float(engine::DType d) {
-  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
 }
 
 // The value of a one-element float constant; false when `v` is not one.

@@ -12,10 +12,6 @@ namespace {
 
 using codegen::ll;
 
-bool is_float(engine::DType d) {
-  return d == engine::DType::kFloat32 || d == engine::DType::kFloat16 || d == engine::DType::kBFloat16;
-}
-
 // Integer and bool inputs sum exactly (into an integer output).
 bool sums_exactly(engine::DType in) { return codegen::is_integer(in) || in == engine::DType::kBool; }
 
@@ -35,7 +31,7 @@ std::string scan_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, 
 std::string check_cumsum(const OpQuery& q) {
   if (q.inputs.size() != 1 || q.outputs.size() != 1) return q.op + " needs one tensor input and one output";
   const engine::DType in = q.inputs[0].dtype, out = q.outputs[0].dtype;
-  if (sums_exactly(in) ? !codegen::is_integer(out) : !(is_float(in) && is_float(out)))
+  if (sums_exactly(in) ? !codegen::is_integer(out) : !(codegen::is_float(in) && codegen::is_float(out)))
     return q.op + " from " + engine::dtype_name(in) + " to " + engine::dtype_name(out) +
            " is not taken (taken: an integer or bool input to int64 or int32, a float input to a float)";
   if (q.inputs[0].shape != q.outputs[0].shape) return q.op + " output shape differs from its input's";
