@@ -48,7 +48,8 @@ __device__ __forceinline__ void kiln_cp_async16(void* dst, const void* src, bool
 }
 __device__ __forceinline__ void kiln_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void kiln_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-// The first key tile after t whose bit is set in vis (tiles when none is).
+// The first key tile after t whose bit is set in vis (t = -1: from tile 0);
+// tiles when none is.
 __device__ __forceinline__ int kiln_next_tile(const unsigned* vis, int t, int tiles) {
   for (++t; t < tiles; ++t)
     if ((vis[t >> 5] >> (t & 31)) & 1u) return t;
@@ -164,6 +165,15 @@ void emit_tile_load(std::ostream& s, bool async, const std::string& dst,
   s << "    }\n";
 }
 
+// The mask's value `x` for element e of column group j of this lane's score
+// fragment (rows row0 + g and + 8, keys key0 + j * 8 + t4 * 2 and + 1): 0 for
+// a row or key out of range.
+void emit_mask_element(std::ostream& s, const AttentionPlan& p, const std::string& in, const std::string& key0) {
+  s << in << "const long long row = row0 + g + (e >> 1) * 8, key = " << key0 << " + j * 8 + t4 * 2 + (e & 1);\n"
+    << in << "float x = 0.0f;\n"
+    << in << "if (row < kRows && key < kKeys) { " << mask_update(p, "row", "key") << " }\n";
+}
+
 // With a mask tensor, which key tiles some row of the block can see, as bits
 // in shared `vis`, and the first of them (`t_first`). The main loop then
 // neither copies nor waits for a tile the mask hides from every row: a
@@ -176,26 +186,20 @@ void emit_visible_tiles(std::ostream& s, const AttentionPlan& p, int threads) {
     << "  __shared__ unsigned vis[kTileWords];\n"
     << "  for (int i = threadIdx.x; i < kTileWords; i += " << threads << ") vis[i] = 0u;\n"
     << "  __syncthreads();\n"
-    << "  {\n"
-    << "    const long long wrow0 = (long long)blockIdx.x * " << 16 * (threads / 32) << " + (threadIdx.x >> 5) * 16;\n"
-    << "    const int sg = (threadIdx.x & 31) >> 2, st4 = threadIdx.x & 3;\n"
-    << "    #pragma unroll 2\n"
-    << "    for (int t = 0; t < tiles; ++t) {\n"
-    << "      bool seen = false;\n"
+    << "  #pragma unroll 2\n"
+    << "  for (int t = 0; t < tiles; ++t) {\n"
+    << "    bool seen = false;\n"
+    << "    #pragma unroll\n"
+    << "    for (int j = 0; j < kBN / 8; ++j)\n"
     << "      #pragma unroll\n"
-    << "      for (int j = 0; j < kBN / 8; ++j)\n"
-    << "        #pragma unroll\n"
-    << "        for (int e = 0; e < 4; ++e) {\n"
-    << "          const long long row = wrow0 + sg + (e >> 1) * 8, key = (long long)t * kBN + j * 8 + st4 * 2 + (e & 1);\n"
-    << "          float x = 0.0f;\n"
-    << "          if (row < kRows && key < kKeys) { " << mask_update(p, "row", "key") << " }\n"
-    << "          seen = seen || x != KILN_NEG_INF;\n"
-    << "        }\n"
-    << "      if (__any_sync(0xffffffffu, seen) && (threadIdx.x & 31) == 0) atomicOr(&vis[t >> 5], 1u << (t & 31));\n"
-    << "    }\n"
+    << "      for (int e = 0; e < 4; ++e) {\n";
+  emit_mask_element(s, p, "        ", "(long long)t * kBN");
+  s << "        seen = seen || x != KILN_NEG_INF;\n"
+    << "      }\n"
+    << "    if (__any_sync(0xffffffffu, seen) && lane == 0) atomicOr(&vis[t >> 5], 1u << (t & 31));\n"
     << "  }\n"
     << "  __syncthreads();\n"
-    << "  const int t_first = (vis[0] & 1u) ? 0 : kiln_next_tile(vis, 0, tiles);\n";
+    << "  const int t_first = kiln_next_tile(vis, -1, tiles);\n";
 }
 
 void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, AttentionKernel& k) {
@@ -227,7 +231,8 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     s << "  const long long key_end = min(kKeys, (long long)(blockIdx.x + 1) * " << block_rows << ");\n";
   else
     s << "  const long long key_end = kKeys;\n";
-  s << "  const int tiles = (int)((key_end + kBN - 1) / kBN);\n";
+  s << "  const int tiles = (int)((key_end + kBN - 1) / kBN);\n"
+    << "  const long long row0 = (long long)blockIdx.x * " << block_rows << " + warp * 16;\n";
   if (masked)
     emit_visible_tiles(s, p, threads);
   else
@@ -238,8 +243,7 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
     load_tiles("0", "n0");
     s << "  }\n";
   }
-  s << "  const long long row0 = (long long)blockIdx.x * " << block_rows << " + warp * 16;\n"
-    << "  // Q as A fragments (16 rows x 16 dims per k-step), straight from memory.\n"
+  s << "  // Q as A fragments (16 rows x 16 dims per k-step), straight from memory.\n"
     << "  unsigned qf[kD / 16][4];\n"
     << "  #pragma unroll\n"
     << "  for (int kk = 0; kk < kD / 16; ++kk)\n"
@@ -295,11 +299,9 @@ void emit_mma(std::ostream& s, const AttentionPlan& p, const std::string& name, 
       << "    #pragma unroll\n"
       << "    for (int j = 0; j < kBN / 8; ++j)\n"
       << "      #pragma unroll\n"
-      << "      for (int e = 0; e < 4; ++e) {\n"
-      << "        const long long row = row0 + g + (e >> 1) * 8, key = n0 + j * 8 + t4 * 2 + (e & 1);\n"
-      << "        float x = 0.0f;\n"
-      << "        if (row < kRows && key < kKeys) { " << mask_update(p, "row", "key") << " }\n"
-      << "        mk[j][e] = x;\n"
+      << "      for (int e = 0; e < 4; ++e) {\n";
+    emit_mask_element(s, p, "        ", "n0");
+    s << "        mk[j][e] = x;\n"
       << "      }\n"
       // A tile the mask hides from every row of this warp changes nothing
       // (alpha 1, no mass): its products and softmax update are skipped. A
