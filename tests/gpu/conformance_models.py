@@ -110,6 +110,14 @@ class BmmOps(nn.Module):
         return torch.bmm(a, b), torch.relu(torch.bmm(a, self.weight)), torch.matmul(a, b) * 0.5
 
 
+class BatchedMatVec(nn.Module):
+    """A bmm with one column a batch, its b viewed from a kernel result stored
+    with other trailing dims (Mixtral's batched_mm experts)."""
+
+    def forward(self, w, x):
+        return torch.bmm(w, (x * 2.0).reshape(32, 128, 1))
+
+
 class SqueezeExcitation(nn.Module):
     """MobileNetV3's block: expand 1x1 -> depthwise -> SE -> project 1x1 + residual."""
 
@@ -149,6 +157,7 @@ class LargeMapReductions(nn.Module):
 
 
 FACTORIES = {"ElementwiseOps": ElementwiseOps, "ConvOps": ConvOps, "PoolOps": PoolOps, "BmmOps": BmmOps,
+             "BatchedMatVec": BatchedMatVec,
              "SqueezeExcitation": SqueezeExcitation, "LargeMapReductions": LargeMapReductions}
 
 # name -> input shapes, for export_conformance.py
@@ -156,6 +165,7 @@ CONV_CASES = {
     "ConvOps": [[2, 16, 12, 12]],
     "PoolOps": [[2, 8, 11, 11]],
     "BmmOps": [[4, 8, 32], [4, 32, 16]],
+    "BatchedMatVec": [[32, 64, 128], [16, 2, 128]],
     "SqueezeExcitation": [[2, 24, 14, 14]],
     "LargeMapReductions": [[2, 16, 64, 64]],
 }

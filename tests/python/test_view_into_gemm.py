@@ -37,3 +37,20 @@ def test_view_of_a_kernel_result_feeds_a_gemm(model, shape):
     compiled = kiln.compile(export(model().eval(), x), arg_inputs=(x,))
     assert compiled.delegates == ["KilnBackend"]
     assert compiled.summary.ops_on_cpu == {}
+
+
+class BatchedMatrixVector(torch.nn.Module):
+    """A bmm whose b is one column a batch, viewed from a kernel result stored
+    with other trailing dims (Mixtral's batched_mm experts: [16, 2, 128] read
+    as [32, 128, 1]). Before the fix the engine check refused it ('does not
+    split into rows of 1 elements') and the bmm ran on the CPU."""
+
+    def forward(self, w, x):
+        return torch.bmm(w, (x * 2.0).reshape(32, 128, 1))
+
+
+def test_batched_matrix_vector_of_a_viewed_result_compiles():
+    w, x = torch.randn(32, 64, 128), torch.randn(16, 2, 128)
+    compiled = kiln.compile(export(BatchedMatrixVector().eval(), w, x), arg_inputs=(w, x))
+    assert compiled.delegates == ["KilnBackend"]
+    assert compiled.summary.ops_on_cpu == {}
