@@ -28,14 +28,42 @@ uint32_t target_sm(const std::string& line) {
 
 }  // namespace
 
+std::string grid_dependency_wait() {
+  return std::string("asm volatile(\"// ") + kGridDependencyWaitMarker + "\" ::: \"memory\");";
+}
+
 std::string add_grid_dependency(const std::string& ptx) {
-  std::istringstream in(ptx);
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(ptx);
+    std::string line;
+    while (std::getline(in, line)) lines.push_back(line);
+  }
+  auto is_entry = [](const std::string& t) {
+    return t.find(".entry ") != std::string::npos &&
+           (starts_with(t, ".entry") || starts_with(t, ".visible") || starts_with(t, ".weak"));
+  };
+  auto is_function = [](const std::string& t) { return t.find(".func ") != std::string::npos; };
+  auto is_marker = [](const std::string& line) { return line.find(kGridDependencyWaitMarker) != std::string::npos; };
+  // Whether the entry declared at line `i` places its own wait: a marker
+  // before the next entry or function.
+  auto marked = [&](size_t i) {
+    int markers = 0;
+    for (size_t j = i + 1; j < lines.size(); ++j) {
+      const std::string t = trimmed(lines[j]);
+      if (is_entry(t) || is_function(t)) break;
+      if (is_marker(lines[j])) ++markers;
+    }
+    if (markers > 1) throw CompileError("internal: a PTX .entry has more than one grid-dependency wait marker");
+    return markers == 1;
+  };
   std::ostringstream out;
-  std::string line;
   bool target_seen = false;
   bool in_entry_header = false;  // after ".entry", before its body's "{"
+  bool in_marked_body = false;   // in the body of an entry that places its wait
   int entries = 0, patched = 0;
-  while (std::getline(in, line)) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
     const std::string t = trimmed(line);
     if (!target_seen && starts_with(t, ".target ")) {
       target_seen = true;
@@ -47,15 +75,23 @@ std::string add_grid_dependency(const std::string& ptx) {
         continue;
       }
     }
+    if (is_marker(line)) {
+      if (!in_marked_body) throw CompileError("internal: a grid-dependency wait marker outside a kernel's body");
+      out << "\tgriddepcontrol.wait;\n";
+      continue;
+    }
     out << line << "\n";
-    if (t.find(".entry ") != std::string::npos && (starts_with(t, ".entry") || starts_with(t, ".visible") ||
-                                                   starts_with(t, ".weak"))) {
+    if (is_function(t)) in_marked_body = false;
+    if (is_entry(t)) {
       if (in_entry_header) throw CompileError("internal: PTX .entry without a body before the next .entry");
       in_entry_header = true;
+      in_marked_body = false;
       ++entries;
     } else if (in_entry_header && t == "{") {
-      out << "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n";
       in_entry_header = false;
+      in_marked_body = marked(i);
+      out << "\tgriddepcontrol.launch_dependents;\n";
+      if (!in_marked_body) out << "\tgriddepcontrol.wait;\n";
       ++patched;
     }
   }

@@ -376,6 +376,7 @@ const std::vector<Pass>& passes() {
        [](PassState& s, const CompileOptions& o, engine::DType) {
          ops::OpOptions op_options = o.op_options;
          op_options.min_target_sm = static_cast<int>(*std::min_element(o.target_sms.begin(), o.target_sms.end()));
+         op_options.overlap_launches = o.overlap_launches;
          s.plan = passes::fuse(s.graph, op_options);
          s.planned = true;
        }},

@@ -184,6 +184,7 @@ GemmDraft draft_gemm(PlanContext& ctx, int node_index) {
     }
   }
   g.gemv = ctx.options().gemv_kernels && gemv_applies(g, graph.value(out).dtype);
+  g.early_weights = g.gemv && ctx.options().overlap_launches && graph.value(g.b).is_constant;
   draft.plan = std::move(g);
   return draft;
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
+#include "codegen/grid_dependency.h"
 #include "ops/elementwise_kernel.h"
 #include "ops/step_plan.h"
 
@@ -48,6 +49,26 @@ void emit_plain_store(std::ostringstream& s, const GemmPlan& p, engine::DType dt
   s << indent << "out[m * kN + col] = " << codegen::store_expr(dtype, "r") << ";\n";
 }
 
+// `code` (lines) with `indent` before each line.
+std::string indented(const std::string& code, const std::string& indent) {
+  std::istringstream in(code);
+  std::ostringstream out;
+  for (std::string line; std::getline(in, line);) out << indent << line << "\n";
+  return out.str();
+}
+
+// GemmPlan::early_weights: the first group's loads (`load`, for `base`), and
+// then the kernel's grid-dependency wait (codegen/grid_dependency.h): the
+// weights are constants, so they are read while the predecessor still runs.
+void emit_early_loads(std::ostringstream& s, const std::string& load) {
+  s << "  // The weights are constants: their first loads are issued before this kernel waits for its\n"
+    << "  // predecessor (with programmatic launch on sm_90+; a comment elsewhere).\n"
+    << "  {\n"
+    << "    const long long base = lane;\n"
+    << indented(load, "    ") << "  }\n"
+    << "  " << codegen::grid_dependency_wait() << "\n";
+}
+
 // The wide shape (see kWideColumns), for a product with neither a norm
 // prologue nor a pair epilogue.
 GemvKernel generate_wide_gemv(const GemmPlan& p, engine::DType dtype, const std::string& name, int64_t vec,
@@ -75,17 +96,23 @@ GemvKernel generate_wide_gemv(const GemmPlan& p, engine::DType dtype, const std:
     << "  for (int m = 0; m < kM; ++m)\n"
     << "    #pragma unroll\n"
     << "    for (int j = 0; j < kC; ++j) acc[m][j] = 0.0f;\n"
-    << "  for (long long base = lane; base < kSlice; base += 32 * kG) {\n"
-    << "    uint4 wv[kC][kG];\n"
-    << "    #pragma unroll\n"
-    << "    for (int j = 0; j < kC; ++j)\n"
-    << "      #pragma unroll\n"
-    << "      for (int g = 0; g < kG; ++g) {\n"
-    << "        const long long v = base + 32 * g;\n"
-    << "        wv[j][g] = v < kSlice && col0 + j < kN\n"
-    << "            ? __ldg(reinterpret_cast<const uint4*>(w + (col0 + j) * kK) + v0 + v)\n"
-    << "            : make_uint4(0u, 0u, 0u, 0u);\n"
-    << "      }\n"
+    << "  uint4 wv[kC][kG];\n";
+  // The loads of the group at `base`.
+  const std::string load =
+      "#pragma unroll\n"
+      "for (int j = 0; j < kC; ++j)\n"
+      "  #pragma unroll\n"
+      "  for (int g = 0; g < kG; ++g) {\n"
+      "    const long long v = base + 32 * g;\n"
+      "    wv[j][g] = v < kSlice && col0 + j < kN\n"
+      "        ? __ldg(reinterpret_cast<const uint4*>(w + (col0 + j) * kK) + v0 + v)\n"
+      "        : make_uint4(0u, 0u, 0u, 0u);\n"
+      "  }\n";
+  if (p.early_weights) emit_early_loads(s, load);
+  s << "  for (long long base = lane; base < kSlice; base += 32 * kG) {\n";
+  if (p.early_weights) s << "    if (base != lane) {\n" << indented(load, "      ") << "    }\n";
+  else s << indented(load, "    ");
+  s
     << "    #pragma unroll\n"
     << "    for (int g = 0; g < kG; ++g) {\n"
     << "      const long long v = base + 32 * g;\n"
@@ -179,7 +206,19 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
       << "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n";
   else
     s << "  if (col >= kN) return;\n";
-  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n";
+  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
+    << "  uint4 wv[kG];\n"
+    << (pair ? "  uint4 wv2[kG];\n" : "");
+  // The loads of the group at `base`.
+  const std::string load = std::string(
+                               "#pragma unroll\n"
+                               "for (int g = 0; g < kG; ++g) {\n"
+                               "  const long long v = base + 32 * g;\n"
+                               "  if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n") +
+                           (pair ? "  if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n"
+                                 : "") +
+                           "}\n";
+  if (p.early_weights) emit_early_loads(s, load);
   if (norm) {
     // RMSNorm prologue: each warp computes its rows' rsqrt(mean(x^2) + eps)
     // (a row is a few KiB, read from cache by every warp); the products then
@@ -216,16 +255,10 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
     << (pair ? "  #pragma unroll\n  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : "")
-    << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n"
-    << "    uint4 wv[kG];\n"
-    << (pair ? "    uint4 wv2[kG];\n" : "")
-    << "    #pragma unroll\n"
-    << "    for (int g = 0; g < kG; ++g) {\n"
-    << "      const long long v = base + 32 * g;\n"
-    << "      if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n"
-    << (pair ? "      if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n" : "")
-    << "    }\n"
-    << "    #pragma unroll\n"
+    << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n";
+  if (p.early_weights) s << "    if (base != lane) {\n" << indented(load, "      ") << "    }\n";
+  else s << indented(load, "    ");
+  s << "    #pragma unroll\n"
     << "    for (int g = 0; g < kG; ++g) {\n"
     << "      const long long v = base + 32 * g;\n"
     << "      if (v >= kVecs) break;\n"

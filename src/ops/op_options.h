@@ -24,6 +24,11 @@ struct OpOptions {
   // the engine records): kernels with sm_80 instructions (mma.sync on
   // bfloat16, ldmatrix) are planned only when it is 80 or newer.
   int min_target_sm = 80;
+  // kiln.compile's overlap_launches: the sm_90+ cubins' kernels launch while
+  // their predecessor runs (codegen/grid_dependency.h), so a kernel may read
+  // its constants before it waits (a matrix-vector product's first weight
+  // loads). Set by the compiler from CompileOptions::overlap_launches.
+  bool overlap_launches = false;
 };
 
 const char* conv_gemm_name(OpOptions::ConvGemm mode);  // "all", "unstrided", "none"

@@ -86,6 +86,10 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
   bool paired = false;
   int pair_first = -1, pair_second = -1;
   std::vector<int> pair_nodes;
+  // gemv only: b is a constant and the kernels launch programmatically
+  // (OpOptions::overlap_launches): each lane's first weight loads go above
+  // the kernel's grid-dependency wait, while its predecessor still runs.
+  bool early_weights = false;
 
   std::vector<int> reads() const override;
   int writes() const override { return out; }

@@ -9,8 +9,11 @@
 #include <cmath>
 #include <random>
 
+#include "codegen/grid_dependency.h"
+#include "codegen/nvrtc_compiler.h"
 #include "compiler_test_util.h"
 #include "host_kernel.h"
+#include "ops/elementwise_kernel.h"
 #include "ops/gemv_kernel.h"
 #include "passes/passes.h"
 
@@ -41,6 +44,46 @@ BlockLaunch block_launcher(const std::string& source, const std::string& fn, con
 
 // ---- matrix-vector products ---------------------------------------------------
 
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// With overlap_launches a product whose weight is a constant issues its first
+// weight loads above its grid-dependency wait (codegen/grid_dependency.h); a
+// weight that a kernel computes, or classic launches, keep every load below.
+TEST(DecodeOps, FirstWeightLoadsPrecedeTheWaitOnlyForConstantWeights) {
+  for (bool constant : {true, false})
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(std::string(constant ? "constant" : "computed") + " weight, overlap " + (overlap ? "on" : "off"));
+      ir::Graph g;
+      const int x = g.add_input("x", DType::kFloat16, {1, 256});
+      const int w = constant ? g.add_constant("w", DType::kFloat16, {64, 256},
+                                              std::vector<uint8_t>(static_cast<size_t>(64 * 256 * 2)))
+                             : out0(g, g.add_node("aten.relu.default", "relu", {g.add_input("v", DType::kFloat16,
+                                                                                                {64, 256})},
+                                                  {}, {{DType::kFloat16, {64, 256}}}));
+      const int y = out0(g, g.add_node("aten.linear.default", "linear", {x, w}, {}, {{DType::kFloat16, {1, 64}}}));
+      g.set_outputs({y});
+      ops::OpOptions options;
+      options.overlap_launches = overlap;
+      passes::ExecPlan plan = passes::fuse(g, options);
+      const ops::GemmPlan* gemm = nullptr;
+      for (const auto& op : plan.ops)
+        if (op.as<ops::GemmPlan>() != nullptr) gemm = op.as<ops::GemmPlan>();
+      ASSERT_NE(gemm, nullptr);
+      ASSERT_TRUE(gemm->gemv);
+      EXPECT_EQ(gemm->early_weights, constant && overlap);
+      TestLowerContext ctx(g);
+      for (const auto& op : plan.ops) {
+        engine::Step step;
+        op.plan->lower(ctx, step);
+      }
+      EXPECT_EQ(count_of(ctx.source(), codegen::kGridDependencyWaitMarker), constant && overlap ? 1u : 0u);
+    }
+}
+
 // A linear over a few rows of activations plans a generated kernel when
 // gemv_kernels is on (and cuBLASLt when off, or when the rows are many).
 TEST(DecodeOps, SmallProductsPlanTheGemvKernel) {
@@ -68,6 +111,37 @@ TEST(DecodeOps, SmallProductsPlanTheGemvKernel) {
     }
 }
 
+// NVRTC and the grid-dependency patch keep the order the source gives: in the
+// sm_90 PTX a product's first weight loads come before its wait, the trigger
+// before both; the PTX kept for JIT has neither instruction, only the marker.
+TEST(DecodeOps, EarlyWeightLoadsAssembleAboveTheWait) {
+  ops::GemmPlan p;
+  p.a = 0;
+  p.b = 1;
+  p.out = 2;
+  p.b_transposed = true;
+  p.m = 1;
+  p.n = 64;
+  p.k = 1024;
+  p.early_weights = true;
+  const ops::GemvKernel gen = ops::generate_gemv_kernel(p, DType::kBFloat16, "kiln_gemv_early");
+  const engine::KernelModule module =
+      codegen::compile_module("m", ops::pointwise_prelude() + gen.source, {80, 90}, true, {}, true);
+  ASSERT_EQ(module.cubins.size(), 2u);
+  EXPECT_EQ(count_of(module.ptx, "griddepcontrol"), 0u);
+  EXPECT_EQ(count_of(module.ptx, codegen::kGridDependencyWaitMarker), 1u);
+  const std::string patched = codegen::add_grid_dependency(module.ptx);
+  EXPECT_EQ(count_of(patched, codegen::kGridDependencyWaitMarker), 0u);
+  ASSERT_EQ(count_of(patched, "griddepcontrol.wait;"), 1u);
+  const size_t trigger = patched.find("griddepcontrol.launch_dependents;");
+  const size_t load = patched.find("ld.global.nc");
+  const size_t wait = patched.find("griddepcontrol.wait;");
+  ASSERT_NE(trigger, std::string::npos);
+  ASSERT_NE(load, std::string::npos);
+  EXPECT_LT(trigger, load);
+  EXPECT_LT(load, wait) << "the first weight load is issued before the wait";
+}
+
 // The kernel against a double reference: rows x [k] . [n, k]^T + bias + C,
 // ReLU, in every dtype, k a multiple of the 16-byte vector with and without a
 // partial last chunk of lanes.
@@ -92,9 +166,10 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
                         Case{DType::kBFloat16, 4, 20, 2048, true, false, true, true},
                         Case{DType::kBFloat16, 1, 1024, 4096, false, true, false, true},
                         // more columns than the wide shape takes
-                        Case{DType::kFloat16, 1, 2056, 1024, false, true, false, false}}) {
+                        Case{DType::kFloat16, 1, 2056, 1024, false, true, false, false}})
+  for (bool early : {false, true}) {
     SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
-                 " k " + std::to_string(c.k));
+                 " k " + std::to_string(c.k) + (early ? " early weights" : ""));
     ops::GemmPlan p;
     p.a = 0;
     p.b = 1;
@@ -108,10 +183,12 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
     p.k = c.k;
     p.epilogue = c.relu ? (c.bias ? engine::GemmEpilogue::kReluBias : engine::GemmEpilogue::kRelu)
                         : (c.bias ? engine::GemmEpilogue::kBias : engine::GemmEpilogue::kNone);
+    p.early_weights = early;
     ASSERT_TRUE(ops::gemv_applies(p, c.dt));
     const std::string fn = "kiln_gemv_test_" + std::to_string(case_index++);
     const ops::GemvKernel gen = ops::generate_gemv_kernel(p, c.dt, fn);
     EXPECT_EQ(gen.block == 256, c.wide);
+    EXPECT_EQ(count_of(gen.source, codegen::kGridDependencyWaitMarker), early ? 1u : 0u);
     const BlockLaunch launch = block_launcher(gen.source, fn, fn);
     ASSERT_NE(launch, nullptr);
     std::vector<uint8_t> x = random_bytes(c.dt, c.m * c.k, rng), w = random_bytes(c.dt, c.n * c.k, rng),
@@ -187,6 +264,7 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
   g.set_outputs(outputs);
   ops::OpOptions options;
   options.gemv_kernels = true;
+  options.overlap_launches = index % 2 == 1;  // odd cases: first weight loads above the wait
   passes::ExecPlan plan = passes::fuse(g, options);
   const bool fused = !c.extra_reader && c.m <= ops::kGemvMaxRows;
   const ops::GemmPlan* gemm = nullptr;
@@ -205,6 +283,7 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
   engine::Step step;
   plan.ops[0].plan->lower(ctx, step);
   ASSERT_EQ(step.kind, engine::StepKind::kKernel);
+  EXPECT_EQ(count_of(ctx.source(), codegen::kGridDependencyWaitMarker), options.overlap_launches ? 1u : 0u);
   const BlockLaunch launch = block_launcher(ctx.source(), step.kernel.function, "norm_gemv_" + std::to_string(index));
   ASSERT_NE(launch, nullptr);
   std::vector<uint8_t> xb = random_bytes(c.dt, c.m * c.k, rng);
@@ -271,6 +350,7 @@ void check_gemv_pair(const PairCase& c, int index, std::mt19937& rng) {
   g.set_outputs(outputs);
   ops::OpOptions options;
   options.gemv_kernels = true;
+  options.overlap_launches = index % 2 == 0;  // even cases: first weight loads above the wait
   passes::ExecPlan plan = passes::fuse(g, options);
   passes::plan_gemv_pair_epilogues(g, plan);
   const ops::GemmPlan* gemm = nullptr;
@@ -290,6 +370,7 @@ void check_gemv_pair(const PairCase& c, int index, std::mt19937& rng) {
   plan.ops[0].plan->lower(ctx, step);
   ASSERT_EQ(step.kind, engine::StepKind::kKernel);
   EXPECT_EQ(step.kernel.args[0].tensor, static_cast<uint32_t>(gemm->out));
+  EXPECT_EQ(count_of(ctx.source(), codegen::kGridDependencyWaitMarker), options.overlap_launches ? 1u : 0u);
   const BlockLaunch launch = block_launcher(ctx.source(), step.kernel.function, "gemv_pair_" + std::to_string(index));
   ASSERT_NE(launch, nullptr);
   std::vector<uint8_t> xb = random_bytes(c.dt, c.m * c.k, rng);

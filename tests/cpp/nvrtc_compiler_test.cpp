@@ -89,7 +89,8 @@ size_t count(const std::string& text, const std::string& what) {
 }
 
 // overlap_launches: the sm_90+ cubins come from PTX with griddepcontrol at
-// the top of every entry; older cubins and the kept PTX are the plain build.
+// the top of every entry (the trigger, then the wait); older cubins and the
+// kept PTX are the plain build.
 TEST(GridDependency, Sm90CubinsWaitOlderOnesAndThePtxDoNot) {
   const std::string source = random_source(3);
   const std::vector<uint32_t> sms = {80, 90, 100};
@@ -111,15 +112,57 @@ TEST(GridDependency, Sm90CubinsWaitOlderOnesAndThePtxDoNot) {
   ASSERT_EQ(entries, 3u);
   EXPECT_EQ(count(patched, "griddepcontrol.wait;"), entries);
   EXPECT_EQ(count(patched, "griddepcontrol.launch_dependents;"), entries);
-  // Each wait is the first statement of its entry's body.
+  // Each entry's body starts with the trigger, then the wait.
+  const std::string top = "\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n";
   for (size_t p = patched.find(".entry "); p != std::string::npos; p = patched.find(".entry ", p + 1)) {
     const size_t body = patched.find("{\n", p);
     ASSERT_NE(body, std::string::npos);
-    EXPECT_EQ(patched.compare(body + 2, 21, "\tgriddepcontrol.wait;"), 0);
+    EXPECT_EQ(patched.compare(body + 2, top.size(), top), 0);
   }
 }
 
+// A kernel that places its wait (grid_dependency_wait()) gets it there: the
+// trigger stays first, the code above the marker runs before the wait, and
+// the other entries keep the wait at the top.
+TEST(GridDependency, AMarkerPlacesTheWait) {
+  const std::string source =
+      "extern \"C\" __global__ void early(const float* __restrict__ w, const float* x, float* out) {\n"
+      "  const float a = __ldg(w + threadIdx.x);\n"
+      "  " + grid_dependency_wait() + "\n"
+      "  out[threadIdx.x] = a * x[threadIdx.x];\n"
+      "}\n"
+      "extern \"C\" __global__ void plain(const float* x, float* out) { out[threadIdx.x] = x[threadIdx.x] + 1.0f; }\n";
+  engine::KernelModule m = compile_module("m", source, {80, 90}, true, {}, true);
+  ASSERT_EQ(m.cubins.size(), 2u);
+  EXPECT_EQ(count(m.ptx, kGridDependencyWaitMarker), 1u);  // a comment in the JIT PTX
+  const std::string patched = add_grid_dependency(m.ptx);
+  EXPECT_EQ(count(patched, kGridDependencyWaitMarker), 0u);
+  EXPECT_EQ(count(patched, "griddepcontrol.wait;"), 2u);
+  EXPECT_EQ(count(patched, "griddepcontrol.launch_dependents;"), 2u);
+  const size_t early = patched.find(".entry early");
+  const size_t plain = patched.find(".entry plain");
+  ASSERT_NE(early, std::string::npos);
+  ASSERT_NE(plain, std::string::npos);
+  const size_t first = std::min(early, plain), second = std::max(early, plain);
+  const std::string early_text = early < plain ? patched.substr(first, second - first) : patched.substr(second);
+  const std::string plain_text = early < plain ? patched.substr(second) : patched.substr(first, second - first);
+  const size_t load = early_text.find("ld.global.nc"), wait = early_text.find("griddepcontrol.wait;");
+  ASSERT_NE(load, std::string::npos);
+  EXPECT_LT(early_text.find("griddepcontrol.launch_dependents;"), load);
+  EXPECT_LT(load, wait);
+  const size_t body = plain_text.find("{\n");
+  const std::string top = "\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n";
+  EXPECT_EQ(plain_text.compare(body + 2, top.size(), top), 0);
+}
+
 TEST(GridDependency, RefusesTextThatIsNotNvrtcPtx) {
+  const std::string marker = std::string("\t// ") + kGridDependencyWaitMarker + "\n";
+  // A marker before any entry, and two in one entry.
+  EXPECT_THROW(add_grid_dependency(".version 9.0\n.target sm_80\n" + marker + ".visible .entry k(\n)\n{\n\tret;\n}\n"),
+               CompileError);
+  EXPECT_THROW(add_grid_dependency(".version 9.0\n.target sm_80\n.visible .entry k(\n)\n{\n" + marker + marker +
+                                   "\tret;\n}\n"),
+               CompileError);
   EXPECT_THROW(add_grid_dependency(".version 9.0\n.visible .entry k(\n)\n{\n}\n"), CompileError);  // no .target
   EXPECT_THROW(add_grid_dependency(".version 9.0\n.target sm_80\n.visible .entry k(\n)\n"), CompileError);
   // Already sm_90: the target stays, the entry still gets the wait.
