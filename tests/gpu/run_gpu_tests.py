@@ -181,10 +181,13 @@ def check_bad_inputs(entry, models_dir, runner, work, log):
         proc = run([runner, f"--model_path={bad}", "--num_runs=1"], log)
         text = proc.stdout + proc.stderr
         out.append(("corrupt engine is refused", proc.returncode == 3 and "checksum" in text.lower(), text.strip().splitlines()[-1:] ))
+    # Every input the method takes, the first one a size too big in each dim
+    # (a model of two inputs given one would fail for its count instead).
     shape, d = entry["inputs"][0]
     wrong = [s + 1 for s in shape]
     inp = work / "wrong_shape.inputs.ktensors"
-    tensor_file.save(inp, [torch.randn(wrong, dtype=DTYPES[d])])
+    tensor_file.save(inp, [torch.randn(wrong, dtype=DTYPES[d])] +
+                     [torch.randn(s, dtype=DTYPES[t]) for s, t in entry["inputs"][1:]])
     proc = run([runner, f"--model_path={models_dir / entry['pte']}", f"--inputs={inp}", "--num_runs=1"], log)
     text = proc.stdout + proc.stderr
     out.append(("wrong input shape is refused", proc.returncode == 2 and str(wrong[0]) in text, text.strip().splitlines()[-1:]))
