@@ -90,8 +90,11 @@ std::string add_grid_dependency(const std::string& ptx) {
     } else if (in_entry_header && t == "{") {
       in_entry_header = false;
       in_marked_body = marked(i);
-      out << "\tgriddepcontrol.launch_dependents;\n";
-      if (!in_marked_body) out << "\tgriddepcontrol.wait;\n";
+      // A kernel that places its wait triggers first, so that its successor
+      // (a product whose loads run ahead too) may start streaming; any other
+      // kernel waits first, which keeps the run-ahead one kernel deep.
+      out << (in_marked_body ? "\tgriddepcontrol.launch_dependents;\n"
+                             : "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n");
       ++patched;
     }
   }

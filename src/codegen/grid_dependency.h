@@ -4,26 +4,32 @@
 // H200 each kernel boundary costs a few microseconds of launch latency and
 // ramp-up, more than many of the kernels run. With programmatic dependent
 // launch the next kernel is launched while the current one still runs: each
-// kernel first lets its own successor launch
-// (griddepcontrol.launch_dependents), then waits for its predecessor's grid
-// to finish and its writes to become visible (griddepcontrol.wait). The
-// waiting happens on the GPU, so the launch latency hides behind the previous
-// kernel's execution, and a kernel whose blocks find a free slot can read its
-// weights before its wait: where a kernel's source places
+// kernel first waits for its predecessor's grid to finish and its writes to
+// become visible (griddepcontrol.wait), then lets its own successor launch
+// (griddepcontrol.launch_dependents). The waiting happens on the GPU, so the
+// launch latency hides behind the previous kernel's execution.
+//
+// A kernel may also start before its wait: where its source places
 // grid_dependency_wait() (a PTX comment that the patch below turns into the
-// wait), the code above it reads only constants, and the wait goes there
-// instead of the top (gemv_kernel.cpp: a product's first weight loads;
-// benchmarks/micro/gemv_chain_pipelined.cu, H100: the decode's chain of GEMVs
-// 0.600 -> 0.505 ms). Triggering first is safe because nothing above a wait
-// touches memory that a kernel writes, a successor's blocks launch only once
-// all of this kernel's blocks run, and each wait covers the whole chain before
-// it.
+// wait), the code above the marker reads only constants, and the kernel
+// triggers first, then runs that code, then waits. A matrix-vector product
+// does this with its first weight loads (gemv_kernel.cpp), so its weights
+// stream while its predecessor computes. Only such kernels trigger first: when
+// every kernel did (measured on an H100, the 410M decode step), products
+// launched several kernels ahead and their loads and waiting blocks slowed the
+// kernels on the critical path (0.662 -> 0.690 ms a step); with only the
+// products triggering first the run-ahead stays about one kernel deep (0.662 ->
+// 0.655 ms; benchmarks/micro/gemv_chain_pipelined.cu has the chain of bare
+// products, 0.600 -> 0.505 ms). Triggering first is safe because nothing above
+// a wait touches memory that a kernel writes, a successor's blocks launch only
+// once all of this kernel's blocks run, and each wait covers the whole chain
+// before it.
 //
 // The module's PTX is compiled once for the oldest target SM (compute_80
 // has no griddepcontrol), so the instructions are added to the PTX that the
-// sm_90-and-newer cubins are assembled from: the same code with the trigger
-// (and the wait, unless a marker places it) at the top of every entry, and
-// `.target` raised to sm_90. The PTX kept in the engine for JIT stays
+// sm_90-and-newer cubins are assembled from: the same code with the wait and
+// the trigger at the top of every entry (only the trigger where a marker
+// places the wait), and `.target` raised to sm_90. The PTX kept in the engine for JIT stays
 // unchanged (the marker is a comment there); the runtime launches a kernel
 // with the programmatic attribute only when it runs such a cubin
 // (runtime/steps/kernel_step_exec.cpp). Since every kernel waits before it
@@ -48,9 +54,9 @@ constexpr const char* kGridDependencyWaitMarker = "kiln_grid_dependency_wait";
 std::string grid_dependency_wait();
 
 // `ptx` (NVRTC output for compute_XX, XX < 90 or not) with
-// griddepcontrol.launch_dependents as the first instruction of every .entry,
-// griddepcontrol.wait where the entry's marker is, or else right after the
-// trigger, and `.target` at least sm_90. Throws CompileError when the text is
+// griddepcontrol.wait and griddepcontrol.launch_dependents as the first
+// instructions of every .entry, except an entry with a marker: the trigger
+// first, and the wait where the marker is; `.target` at least sm_90. Throws CompileError when the text is
 // not PTX as NVRTC writes it (no .target, or an .entry without a body) or a
 // marker is outside an entry's body or repeated in one.
 std::string add_grid_dependency(const std::string& ptx);

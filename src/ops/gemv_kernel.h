@@ -8,7 +8,9 @@
 // applied before the one store. A plain product with few columns (no norm
 // prologue, no pair) takes a wide shape instead: four columns a warp, each
 // row split over four warps whose partial sums meet in shared memory. Chosen at planning (gemm_ops.cpp) when
-// OpOptions::gemv_kernels is on and gemv_applies() holds.
+// OpOptions::gemv_kernels is on and gemv_applies() holds. With GemmPlan::early_weights (a constant
+// weight, programmatic launch) each lane's first group of weight loads comes before the kernel's
+// grid-dependency wait (codegen/grid_dependency.h).
 #pragma once
 
 #include <cstdint>

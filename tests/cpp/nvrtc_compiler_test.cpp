@@ -112,8 +112,8 @@ TEST(GridDependency, Sm90CubinsWaitOlderOnesAndThePtxDoNot) {
   ASSERT_EQ(entries, 3u);
   EXPECT_EQ(count(patched, "griddepcontrol.wait;"), entries);
   EXPECT_EQ(count(patched, "griddepcontrol.launch_dependents;"), entries);
-  // Each entry's body starts with the trigger, then the wait.
-  const std::string top = "\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n";
+  // Each entry's body starts with the wait, then the trigger.
+  const std::string top = "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n";
   for (size_t p = patched.find(".entry "); p != std::string::npos; p = patched.find(".entry ", p + 1)) {
     const size_t body = patched.find("{\n", p);
     ASSERT_NE(body, std::string::npos);
@@ -151,7 +151,7 @@ TEST(GridDependency, AMarkerPlacesTheWait) {
   EXPECT_LT(early_text.find("griddepcontrol.launch_dependents;"), load);
   EXPECT_LT(load, wait);
   const size_t body = plain_text.find("{\n");
-  const std::string top = "\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n";
+  const std::string top = "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n";
   EXPECT_EQ(plain_text.compare(body + 2, top.size(), top), 0);
 }
 
