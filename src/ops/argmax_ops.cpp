@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "codegen/cuda_dtype.h"
+#include "ops/dim_arg.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -28,10 +29,10 @@ std::string argmax_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank
   if (it == attrs.end()) return "";
   const auto* d = std::get_if<int64_t>(&it->second);
   if (d == nullptr) return "argmax needs an integer dim";
-  const int64_t r = static_cast<int64_t>(std::max<size_t>(rank, 1));
-  if (*d < -r || *d >= r) return "argmax dim " + std::to_string(*d) + " is out of range for rank " + std::to_string(rank);
-  *dim = rank == 0 ? -1 : (*d < 0 ? *d + r : *d);
-  return "";
+  int64_t normalized = 0;
+  const std::string why = normalize_dim(*d, rank, "argmax", &normalized);
+  if (why.empty()) *dim = rank == 0 ? -1 : normalized;
+  return why;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <variant>
 
 #include "codegen/cuda_dtype.h"
+#include "ops/dim_arg.h"
 #include "ops/gather_kernel.h"
 #include "ops/op_registry.h"
 
@@ -63,9 +64,8 @@ std::string describe(const std::string& op, const std::map<std::string, ir::Attr
   if (op == "aten.index_select.default" || op == "aten.gather.default") {
     if (in.size() != 2) return op + " needs one index tensor";
     if (!int_attr(attrs, "dim", &dim)) return op + ": dim must be an integer";
-    const int64_t rank = static_cast<int64_t>(n);
-    if (dim < -rank || dim >= rank) return op + ": dim out of range";
-    if (dim < 0) dim += rank;
+    const std::string why = normalize_dim(dim, n, op, &dim, false);
+    if (!why.empty()) return why;
     const size_t d = static_cast<size_t>(dim);
     const Shape& idx = in[1];
     for (size_t s = 0; s < n; ++s) p.source[s] = static_cast<int>(s);

@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "ops/conv_ops.h"
+#include "ops/dim_arg.h"
 #include "ops/gemm_ops.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
@@ -15,12 +16,12 @@ namespace kiln::ops {
 namespace {
 
 
-int64_t normalize_dim(int64_t dim, size_t rank, const ir::Node& node) {
-  int64_t r = static_cast<int64_t>(rank);
-  if (dim < -r || dim >= r)
-    throw CompileError("node '" + node.name + "': dimension " + std::to_string(dim) + " out of range for rank " +
-                       std::to_string(rank));
-  return dim < 0 ? dim + r : dim;
+// `node`'s dim attribute value normalized (no 0-d tensor takes a dim here).
+int64_t layout_dim(int64_t dim, size_t rank, const ir::Node& node) {
+  int64_t d = 0;
+  const std::string why = normalize_dim(dim, rank, "node '" + node.name + "':", &d, false);
+  if (!why.empty()) throw CompileError(why);
+  return d;
 }
 
 // Identity map over a contiguous tensor of `shape`.
@@ -74,7 +75,7 @@ Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
     if (v.producer < 0) return false;
     const ir::Node& p = g.nodes()[static_cast<size_t>(v.producer)];
     if (p.op != kSlice || p.int_attr("step", 1) != 1 || p.inputs.size() != 1 ||
-        normalize_dim(p.int_attr("dim", 0), g.value(p.inputs[0]).shape.size(), p) !=
+        layout_dim(p.int_attr("dim", 0), g.value(p.inputs[0]).shape.size(), p) !=
             static_cast<int64_t>(v.shape.size()) - 1)
       return false;
     return all_elementwise(g, ctx.consumers(id));
@@ -106,7 +107,7 @@ Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
       for (int64_t a : permutation_of(p, shape.size())) st.push_back(s.strides[static_cast<size_t>(a)]);
       s.strides = st;
     } else {
-      const size_t d = static_cast<size_t>(normalize_dim(p.int_attr("dim", 0), shape.size(), p));
+      const size_t d = static_cast<size_t>(layout_dim(p.int_attr("dim", 0), shape.size(), p));
       if (p.op == kSlice) {
         int64_t start = p.int_attr("start", 0);
         if (start < 0) start += shape[d];
@@ -278,9 +279,11 @@ std::string check_scatter(const OpQuery& q) {
   }
   it = q.attrs.find("dim");
   const int64_t* dim = it == q.attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
-  const int64_t rank = static_cast<int64_t>(self.size());
-  if (dim == nullptr || rank == 0 || *dim < -rank || *dim >= rank) return "slice_scatter dim out of range";
-  const size_t d = static_cast<size_t>(*dim < 0 ? *dim + rank : *dim);
+  if (dim == nullptr) return "slice_scatter needs an integer dim";
+  int64_t normalized = 0;
+  const std::string why = normalize_dim(*dim, self.size(), "slice_scatter", &normalized, false);
+  if (!why.empty()) return why;
+  const size_t d = static_cast<size_t>(normalized);
   const auto [start, end] = scatter_range(q.attrs, self[d]);
   std::vector<int64_t> want = self;
   want[d] = end - start;
@@ -338,7 +341,7 @@ std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::No
   }
   if (op == "aten.slice_copy.Tensor") {
     const ir::Value& out = graph.value(node.outputs[0]);
-    int64_t d = normalize_dim(node.int_attr("dim", 0), in.shape.size(), node);
+    int64_t d = layout_dim(node.int_attr("dim", 0), in.shape.size(), node);
     int64_t size = in.shape[static_cast<size_t>(d)];
     int64_t start = node.int_attr("start", 0);
     if (start < 0) start += size;
@@ -352,7 +355,7 @@ std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::No
   }
   if (op == "aten.select_copy.int") {
     const ir::Value& out = graph.value(node.outputs[0]);
-    int64_t d = normalize_dim(node.int_attr("dim", 0), in.shape.size(), node);
+    int64_t d = layout_dim(node.int_attr("dim", 0), in.shape.size(), node);
     int64_t index = node.int_attr("index", 0);
     int64_t size = in.shape[static_cast<size_t>(d)];
     if (index < -size || index >= size)
@@ -404,7 +407,7 @@ std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::No
   }
   if (op == "aten.slice_scatter.default") {  // self around the slice, src in it
     const ir::Value& out = graph.value(node.outputs[0]);
-    const size_t d = static_cast<size_t>(normalize_dim(node.int_attr("dim", 0), out.shape.size(), node));
+    const size_t d = static_cast<size_t>(layout_dim(node.int_attr("dim", 0), out.shape.size(), node));
     const auto [start, end] = scatter_range(node.attrs, out.shape[d]);
     const std::vector<int64_t> out_strides = ir::contiguous_strides(out.shape);
     std::vector<PointwisePlan> pieces;
@@ -427,7 +430,7 @@ std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::No
   }
   if (op == "aten.cat.default") {
     const ir::Value& out = graph.value(node.outputs[0]);
-    int64_t d = normalize_dim(node.int_attr("dim", 0), out.shape.size(), node);
+    int64_t d = layout_dim(node.int_attr("dim", 0), out.shape.size(), node);
     std::vector<int64_t> out_strides = ir::contiguous_strides(out.shape);
     std::vector<PointwisePlan> pieces;
     int64_t offset = 0;
@@ -448,7 +451,7 @@ std::vector<PointwisePlan> plan_layout_from(const ir::Graph& graph, const ir::No
     return pieces;
   }
   // split: each output is a slice along `dim`.
-  int64_t d = normalize_dim(node.int_attr("dim", 0), in.shape.size(), node);
+  int64_t d = layout_dim(node.int_attr("dim", 0), in.shape.size(), node);
   std::vector<PointwisePlan> pieces;
   int64_t offset = 0;
   for (int id : node.outputs) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ops/dim_arg.h"
 #include "ops/norm_ops.h"
 #include "ops/op_registry.h"
 #include "ops/reduce_kernel.h"
@@ -21,11 +22,13 @@ std::string check_reduce(const OpQuery& q) {
     return q.op + " is taken over bool tensors only";
   if (any) {
     // any over an empty dim is false; the max form would give true.
-    const int64_t rank = static_cast<int64_t>(q.inputs[0].shape.size());
     auto it = q.attrs.find("dim");
     const int64_t* d = it == q.attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
-    if (d == nullptr || *d < -rank || *d >= rank) return q.op + " needs a dim in range";
-    if (q.inputs[0].shape[static_cast<size_t>(*d < 0 ? *d + rank : *d)] == 0) return q.op + " over an empty dim";
+    if (d == nullptr) return q.op + " needs an integer dim";
+    int64_t dim = 0;
+    const std::string why = normalize_dim(*d, q.inputs[0].shape.size(), q.op, &dim, false);
+    if (!why.empty()) return why;
+    if (q.inputs[0].shape[static_cast<size_t>(dim)] == 0) return q.op + " over an empty dim";
   }
   return "";
 }
@@ -44,9 +47,8 @@ ReducePlan plan_reduce(const ir::Graph& graph, const ir::Node& node) {
   if (dims.empty())  // no dims: reduce everything
     for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
   for (int64_t& d : dims) {
-    if (d < -rank || d >= rank)
-      throw CompileError("node '" + node.name + "': dimension " + std::to_string(d) + " out of range");
-    if (d < 0) d += rank;
+    const std::string why = normalize_dim(d, in.shape.size(), "node '" + node.name + "':", &d, false);
+    if (!why.empty()) throw CompileError(why);
   }
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());

@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "codegen/cuda_dtype.h"
+#include "ops/dim_arg.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -20,10 +21,7 @@ std::string scan_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, 
   auto it = attrs.find("dim");
   const int64_t* d = it == attrs.end() ? nullptr : std::get_if<int64_t>(&it->second);
   if (d == nullptr) return "cumsum needs an integer dim";
-  const int64_t r = static_cast<int64_t>(std::max<size_t>(rank, 1));
-  if (*d < -r || *d >= r) return "cumsum dim " + std::to_string(*d) + " is out of range for rank " + std::to_string(rank);
-  *dim = *d < 0 ? *d + r : *d;
-  return "";
+  return normalize_dim(*d, rank, "cumsum", dim);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/dim_arg.h"
 #include "ops/op_registry.h"
 #include "ops/softmax_kernel.h"
 
@@ -14,11 +15,10 @@ constexpr const char* kLogSoftmax = "aten._log_softmax.default";
 
 // The dim, normalized to [0, rank); a 0-d tensor is one element.
 int64_t softmax_dim(const ir::Node& node, size_t rank) {
-  const int64_t r = std::max<int64_t>(static_cast<int64_t>(rank), 1);
-  int64_t d = node.int_attr("dim", -1);
-  if (d < -r || d >= r) throw CompileError(node.op + ": dim " + std::to_string(d) + " is out of range for rank " +
-                                           std::to_string(rank));
-  return d < 0 ? d + r : d;
+  int64_t d = 0;
+  const std::string why = normalize_dim(node.int_attr("dim", -1), rank, node.op, &d);
+  if (!why.empty()) throw CompileError(why);
+  return d;
 }
 
 const ir::Node& node_at(PlanContext& ctx, int index) { return ctx.graph().nodes()[static_cast<size_t>(index)]; }

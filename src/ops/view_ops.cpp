@@ -1,5 +1,6 @@
 #include "ops/view_ops.h"
 
+#include "ops/dim_arg.h"
 #include "ops/op_registry.h"
 
 namespace kiln::ops {
@@ -27,10 +28,9 @@ std::vector<int64_t> permutation_of(const ir::Node& node, size_t rank) {
   std::vector<int64_t> perm(rank);
   for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
   auto norm = [&](int64_t d) {
-    int64_t r = static_cast<int64_t>(rank);
-    if (d < -r || d >= r)
-      throw CompileError("node '" + node.name + "': dimension " + std::to_string(d) + " out of range");
-    return d < 0 ? d + r : d;
+    const std::string why = normalize_dim(d, rank, "node '" + node.name + "':", &d, false);
+    if (!why.empty()) throw CompileError(why);
+    return d;
   };
   if (node.op == "aten.permute_copy.default" || node.op == "aten.permute.default") {
     std::vector<int64_t> dims = node.ints_attr("dims");

@@ -16,6 +16,7 @@
 #include "compiler/compiler.h"
 #include "compiler_test_util.h"
 #include "host_kernel.h"
+#include "ops/dim_arg.h"
 #include "ops/op_registry.h"
 #include "ops/scan_ops.h"
 #include "passes/passes.h"
@@ -168,6 +169,25 @@ TEST(ScanKernel, CumsumMatchesTheReference) {
       {"scalar", {}, 0, DType::kFloat32, DType::kFloat32},
   };
   for (const ScanCase& c : cases) check_scan(c, rng);
+}
+
+// The dim rule every op shares (ops/dim_arg.h): [-rank, rank), a 0-d tensor
+// taking 0 or -1 only where asked, the reason naming the op, dim and rank.
+TEST(DimArg, NormalizesInRangeAndNamesTheRangeOtherwise) {
+  int64_t d = 99;
+  EXPECT_EQ(ops::normalize_dim(-1, 3, "softmax", &d), "");
+  EXPECT_EQ(d, 2);
+  EXPECT_EQ(ops::normalize_dim(2, 3, "softmax", &d), "");
+  EXPECT_EQ(d, 2);
+  EXPECT_EQ(ops::normalize_dim(-3, 3, "softmax", &d), "");
+  EXPECT_EQ(d, 0);
+  d = 99;
+  EXPECT_EQ(ops::normalize_dim(3, 3, "softmax", &d), "softmax dim 3 is out of range for rank 3");
+  EXPECT_EQ(ops::normalize_dim(-4, 3, "node 'cat':", &d), "node 'cat': dim -4 is out of range for rank 3");
+  EXPECT_EQ(d, 99) << "a refused dim leaves the output alone";
+  EXPECT_EQ(ops::normalize_dim(-1, 0, "cumsum", &d), "");  // a 0-d tensor, as a rank-1 one
+  EXPECT_EQ(d, 0);
+  EXPECT_EQ(ops::normalize_dim(0, 0, "select", &d, false), "select dim 0 is out of range for rank 0");
 }
 
 TEST(ScanKernel, RefusalsNameTheProblem) {
