@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ops/attention_ops.h"
+#include "ops/dim_arg.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
 #include "passes/graph_queries.h"
@@ -24,8 +25,6 @@ const char* kOperands[] = {"q", "k", "v", "mask"};
 
 constexpr const char* kSlice = "aten.slice_copy.Tensor";
 constexpr const char* kSelect = "aten.select_copy.int";
-
-int64_t normalize_dim(int64_t dim, size_t rank) { return dim < 0 ? dim + static_cast<int64_t>(rank) : dim; }
 
 struct Layout {
   Shape shape, strides;
@@ -91,8 +90,8 @@ std::optional<Layout> layout_through(const ir::Graph& graph, const std::vector<i
       }
       dims = next;
     } else if (p.op == kSlice || p.op == kSelect) {
-      const int64_t d = normalize_dim(p.int_attr("dim", 0), shape.size());
-      if (d < 0 || d >= static_cast<int64_t>(shape.size())) return std::nullopt;
+      int64_t d = 0;  // a dim out of range: not a view this pass can follow
+      if (!ops::normalize_dim(p.int_attr("dim", 0), shape.size(), p.op, &d, false).empty()) return std::nullopt;
       const size_t du = static_cast<size_t>(d);
       auto f = sole_factor(dims, du, shape[du]);
       if (!f) return std::nullopt;
