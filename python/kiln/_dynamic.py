@@ -206,36 +206,31 @@ def build_program(program: ExportedProgram, build: Callable[[], object], request
     return BuiltProgram(model, all_sizes, key.hexdigest(), exact, node_ops, build_variant)
 
 
-def compile_program(built: BuiltProgram, compile_one: Callable[..., bytes], weights_prefix: str = "") -> bytes:
-    """One engine for a static program; for a dynamic one, a variant set of
-    one engine per variant, built and compiled one at a time.
-    `compile_one(graph, name_weights="")` compiles one graph (_trial.compile_graph).
-    With a weights prefix (kiln.compile's named weights), every variant but
-    the first is compiled with its weights named and left out: they are the
-    first's (content keys), so the blob holds one inline copy, which
-    preprocess moves to named data."""
+def compile_program(built: BuiltProgram, compile_one: Callable[..., object], weights_prefix: str = ""):
+    """A _trial.CompiledEngine: one engine for a static program; for a
+    dynamic one, a variant set of one engine per variant, built and compiled
+    one at a time. `compile_one(graph, name_weights="", return_weights=False)`
+    compiles one graph (_trial.compile_graph). With a weights prefix
+    (kiln.compile's named weights) every engine names its weights and leaves
+    them out; the weights come back beside the blob, each key once (variants
+    share theirs: the keys are content hashes)."""
+    from ._trial import CompiledEngine
+
+    def one(graph, weights: list, seen: set) -> bytes:
+        if not weights_prefix:
+            return compile_one(graph)
+        blob, named = compile_one(graph, weights_prefix, True)
+        for entry in named:
+            if entry[0] not in seen:
+                seen.add(entry[0])
+                weights.append(entry)
+        return blob
+
+    weights, seen = [], set()
     if not built.model.dynamic:
-        return compile_one(built.graph)
-    engines = []
-    for index, sizes in enumerate(built.sizes):
-        engines.append(compile_one(built.build_variant(sizes), weights_prefix if index > 0 else ""))
+        return CompiledEngine(one(built.graph, weights, seen), weights)
+    engines = [one(built.build_variant(sizes), weights, seen) for sizes in built.sizes]
     names = [name for name, _lo, _hi in built.model.symbols]
     values = [[sizes[name] for name in names] for sizes in built.sizes]
-    return native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines)
-
-
-def externalize_weights(blob: bytes, prefix: str) -> tuple[bytes, list[tuple[str, str, bytes]]]:
-    """native().externalize_weights for one engine or every engine of a
-    variant set (which share their weights: each key is kept once)."""
-    if not native().is_variant_set(blob):
-        return native().externalize_weights(blob, prefix)
-    parts = native().unpack_variant_set(blob)
-    engines, entries, seen = [], [], set()
-    for engine in parts["engines"]:
-        moved, named = native().externalize_weights(engine, prefix)
-        engines.append(moved)
-        for key, name, data in named:
-            if key not in seen:
-                seen.add(key)
-                entries.append((key, name, data))
-    return native().pack_variant_set(parts["symbols"], parts["bindings"], parts["values"], engines), entries
+    return CompiledEngine(native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines),
+                          weights)

@@ -62,8 +62,8 @@ class PartitionTrial:
             if announce_as is not None:
                 progress.trial(*announce_as)
             engine = _dynamic.compile_program(
-                built, lambda graph, name_weights="": _trial.compile_graph(
-                    graph, self.options, _progress if announce_as else None, name_weights),
+                built, lambda graph, name_weights="", return_weights=False: _trial.compile_graph(
+                    graph, self.options, _progress if announce_as else None, name_weights, return_weights),
                 self.options.weights_prefix)
             if built.exact:
                 _trial.ENGINE_CACHE.put(key, engine)

@@ -37,6 +37,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -50,41 +51,76 @@ logger = logging.getLogger("kiln")
 # ---- the engine cache --------------------------------------------------------
 
 
+@dataclass
+class CompiledEngine:
+    """A partition's delegate blob and, when its weights are named
+    (kiln.compile's weights prefix), the weights the compiler left out of it:
+    ``[(key, tensor name, bytes)]``, each key once. preprocess hands them to
+    ExecuTorch's named data as they are (no second parse of the engine)."""
+
+    blob: bytes
+    weights: list = field(default_factory=list)
+
+
 class EngineCache:
-    """Engine bytes by graph key; preprocess takes (and removes) them. Bounded
-    by total size, oldest dropped first, so a lowering that never reaches
-    preprocess cannot hold memory forever."""
+    """Compiled engines by graph key; preprocess takes (and removes) them.
+    Weights are kept once per key however many engines use them (a
+    language model's methods share theirs). Bounded by total size (engines
+    plus distinct weights), oldest dropped first, so a lowering that never
+    reaches preprocess cannot hold memory forever."""
 
     def __init__(self, max_bytes: int = 4 << 30) -> None:
-        self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._entries: OrderedDict[str, CompiledEngine] = OrderedDict()
+        self._weights: dict[str, list] = {}  # key -> [bytes, engines using it]
         self._bytes = 0
         self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
 
-    def put(self, key: str, engine: bytes) -> None:
+    def put(self, key: str, engine: CompiledEngine) -> None:
         if key in self._entries:
             return
-        self._entries[key] = engine
-        self._bytes += len(engine)
+        shared = []
+        for wkey, name, data in engine.weights:
+            held = self._weights.get(wkey)
+            if held is None:
+                held = self._weights[wkey] = [data, 0]
+                self._bytes += len(data)
+            held[1] += 1
+            shared.append((wkey, name, held[0]))  # one bytes object per key
+        self._entries[key] = CompiledEngine(engine.blob, shared)
+        self._bytes += len(engine.blob)
         while self._bytes > self.max_bytes and len(self._entries) > 1:
-            _, old = self._entries.popitem(last=False)
-            self._bytes -= len(old)
+            self._release(self._entries.popitem(last=False)[1])
 
-    def get(self, key: str) -> Optional[bytes]:
+    def get(self, key: str) -> Optional[CompiledEngine]:
         return self._entries.get(key)
 
-    def take(self, key: str) -> Optional[bytes]:
+    def take(self, key: str) -> Optional[CompiledEngine]:
         engine = self._entries.pop(key, None)
         if engine is None:
             self.misses += 1
             return None
-        self._bytes -= len(engine)
+        self._release(engine)
         self.hits += 1
         return engine
 
+    def _release(self, engine: CompiledEngine) -> None:
+        self._bytes -= len(engine.blob)
+        for wkey, _name, _data in engine.weights:
+            held = self._weights[wkey]
+            held[1] -= 1
+            if held[1] == 0:
+                self._bytes -= len(held[0])
+                del self._weights[wkey]
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
     def clear(self) -> None:
         self._entries.clear()
+        self._weights.clear()
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -134,11 +170,13 @@ def check_injected(node_ops: Iterable[tuple[str, str]]) -> None:
 SLOW_COMPILE_S = 3.0
 
 
-def compile_graph(built, options, progress: Optional[Callable[[str], None]] = None, name_weights: str = "") -> bytes:
+def compile_graph(built, options, progress: Optional[Callable[[str], None]] = None, name_weights: str = "",
+                  return_weights: bool = False):
     """Compiles a graph_builder.BuiltGraph with `options`; every compile of
     the front end goes through here. `name_weights`: a key prefix; the
-    engine names its weights with it and does not store them (a further
-    shape variant's engine, _dynamic.compile_program)."""
+    engine names its weights with it and does not store them. Returns the
+    engine bytes, or with `return_weights` (bytes, [(key, tensor name,
+    weight bytes)]): the weights it left out."""
     from ._logging import progress as lowering_progress
 
     from . import _timing
@@ -146,15 +184,15 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
     check_injected(built.node_ops)
     start = time.perf_counter()
     try:
-        engine = _native_compile(built, options, progress, name_weights)
+        engine = _native_compile(built, options, progress, name_weights, return_weights)
     finally:
         _timing.compiled(time.perf_counter() - start)
     if progress is not None:
         lowering_progress.compiled(time.perf_counter() - start, SLOW_COMPILE_S)
-    return bytes(engine)
+    return engine
 
 
-def _native_compile(built, options, progress, name_weights=""):
+def _native_compile(built, options, progress, name_weights="", return_weights=False):
     return native().compile(
         built.graph,
         target_sms=list(options.target_sms),
@@ -169,6 +207,7 @@ def _native_compile(built, options, progress, name_weights=""):
         overlap_launches=options.overlap_launches,
         debug_dir=_compile_debug_dir(options.debug_dir),
         name_weights=name_weights,
+        return_weights=return_weights,
     )
 
 

@@ -76,7 +76,7 @@ def key_prefix(model_id: str) -> str:
 
 def named_data(entries: list[tuple[str, str, bytes]]) -> NamedDataStoreOutput:
     """The NamedDataStoreOutput a preprocess returns for `entries`
-    ((key, tensor name, bytes) from the compiler's externalize_weights)."""
+    ((key, tensor name, bytes): the weights the compiler left out of an engine)."""
     store = NamedDataStore()
     for key, _name, data in entries:
         store.add_named_data(key, data, alignment=ALIGNMENT)

@@ -57,8 +57,10 @@ class KilnBackend(BackendDetails):
             if built.graph is not None:
                 logger.debug("kiln: partition graph:\n%s", built.graph.graph.describe())
             try:
-                engine = _dynamic.compile_program(built, lambda graph, name_weights="": _trial.compile_graph(graph, options, _progress, name_weights),
-                                                  options.weights_prefix)
+                engine = _dynamic.compile_program(
+                    built, lambda graph, name_weights="", return_weights=False: _trial.compile_graph(
+                        graph, options, _progress, name_weights, return_weights),
+                    options.weights_prefix)
             except CompileError as e:
                 # Too late to fall back: the partition is fixed by now.
                 raise CompileError(
@@ -68,12 +70,11 @@ class KilnBackend(BackendDetails):
                 ) from e
         else:
             progress.partition(nodes, compiled_earlier=True)
+        del built  # its constants: a copy of every weight
         if not options.weights_prefix:
-            progress.engine(len(engine))
-            return PreprocessResult(processed_bytes=engine)
+            progress.engine(len(engine.blob))
+            return PreprocessResult(processed_bytes=engine.blob)
         # Weights go to the program's named data, keyed by model and content,
         # so the engines of every method that use one share one copy.
-        engine, entries = _dynamic.externalize_weights(engine, options.weights_prefix)
-        named = _weights.named_data(entries)
-        progress.engine(len(engine), sum(len(data) for _key, _name, data in entries))
-        return PreprocessResult(processed_bytes=engine, data_store_output=named)
+        progress.engine(len(engine.blob), sum(len(data) for _key, _name, data in engine.weights))
+        return PreprocessResult(processed_bytes=engine.blob, data_store_output=_weights.named_data(engine.weights))

@@ -57,10 +57,9 @@ struct CompileOptions {
   // Called with a one-line progress message (per phase and per kernel).
   std::function<void(const std::string&)> progress;
   // When not empty, compile_graph names the weights with this key prefix
-  // (engine::externalize_weights) and leaves their bytes out: the engine of
-  // a further shape variant, whose weights the first variant's engine
-  // already carries (python/kiln/_dynamic.py). Saves writing and re-reading
-  // every weight once more per variant.
+  // (engine::externalize_weights) and leaves their bytes out of the engine;
+  // its `weights` argument, when given, receives them (the front end hands
+  // them to ExecuTorch's named data without parsing the engine again).
   std::string weights_named_as;
 };
 
@@ -93,6 +92,14 @@ std::vector<std::string> constant_view_ops();
 engine::EngineDesc compile_to_desc(const ir::Graph& graph, const CompileOptions& options);
 
 // compile_to_desc + serialize_engine.
-std::vector<uint8_t> compile_graph(const ir::Graph& graph, const CompileOptions& options);
+// A weight that left the engine (CompileOptions::weights_named_as): its
+// key, the first tensor using it, its bytes.
+struct ExternalWeight {
+  std::string key, tensor_name;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<uint8_t> compile_graph(const ir::Graph& graph, const CompileOptions& options,
+                                   std::vector<ExternalWeight>* weights = nullptr);
 
 }  // namespace kiln::compiler

@@ -94,4 +94,12 @@ Result<std::vector<std::vector<uint8_t>>> externalize_weights(EngineDesc* desc,
   return out;
 }
 
+std::vector<std::string> named_weight_tensor_names(const EngineDesc& desc) {
+  std::vector<std::string> names(desc.named_weights.size());
+  for (const TensorDesc& t : desc.tensors)
+    if (t.storage == StorageKind::kNamedWeight && t.io_index < names.size() && names[t.io_index].empty())
+      names[t.io_index] = t.name;
+  return names;
+}
+
 }  // namespace kiln::engine

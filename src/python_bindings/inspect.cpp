@@ -172,10 +172,7 @@ nb::tuple externalize_engine_weights(nb::bytes data, const std::string& key_pref
     if (!split.is_ok()) throw nb::value_error(split.status().to_string().c_str());
     weights = std::move(split).value();
     named = desc.named_weights;
-    names.assign(named.size(), std::string());
-    for (const TensorDesc& t : desc.tensors)
-      if (t.storage == StorageKind::kNamedWeight && names[t.io_index].empty())
-        names[t.io_index] = t.name;
+    names = named_weight_tensor_names(desc);
     Result<std::vector<uint8_t>> bytes = serialize_engine(desc);
     if (!bytes.is_ok()) throw nb::value_error(bytes.status().to_string().c_str());
     engine_bytes = std::move(bytes).value();

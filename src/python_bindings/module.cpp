@@ -81,11 +81,13 @@ std::optional<std::string> py_check_support(std::string op, nb::list inputs, nb:
 // callback raised; the saved Python error is restored once the GIL is back.
 struct ProgressCallbackFailed {};
 
-nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, bool emit_ptx,
-                     std::vector<std::string> enabled_precisions, int use_cuda_graphs,
-                     nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
-                     const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms,
-                     bool overlap_launches, const std::string& name_weights) {
+nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, bool emit_ptx,
+                      std::vector<std::string> enabled_precisions, int use_cuda_graphs,
+                      nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
+                      const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms,
+                      bool overlap_launches, const std::string& name_weights, bool return_weights) {
+  if (return_weights && name_weights.empty())
+    throw nb::value_error("compile: return_weights needs name_weights (a key prefix)");
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
     throw nb::value_error("use_cuda_graphs must be -1 (no choice), 0 or 1");
   compiler::CompileOptions options;
@@ -119,9 +121,10 @@ nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, b
   }
 
   std::vector<uint8_t> engine;
+  std::vector<compiler::ExternalWeight> weights;
   try {
     nb::gil_scoped_release release;
-    engine = compiler::compile_graph(graph, options);
+    engine = compiler::compile_graph(graph, options, return_weights ? &weights : nullptr);
   } catch (...) {
     // The compiler may have wrapped our unwind; the callback's error wins.
     if (callback_error) {
@@ -134,7 +137,15 @@ nb::bytes py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, b
     callback_error->restore();
     throw nb::python_error();
   }
-  return nb::bytes(engine.data(), engine.size());
+  nb::bytes blob(engine.data(), engine.size());
+  if (!return_weights) return blob;
+  nb::list entries;
+  for (compiler::ExternalWeight& w : weights) {
+    entries.append(nb::make_tuple(w.key, w.tensor_name,
+                                  nb::bytes(reinterpret_cast<const char*>(w.bytes.data()), w.bytes.size())));
+    std::vector<uint8_t>().swap(w.bytes);  // one copy at a time, not two
+  }
+  return nb::make_tuple(blob, entries);
 }
 
 nb::list py_add_node(ir::Graph& graph, const std::string& op, const std::string& name,
@@ -220,9 +231,12 @@ NB_MODULE(_kiln_compiler, m) {
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",
         "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
         "cubin_sms"_a = std::vector<uint32_t>{}, "overlap_launches"_a = true, "name_weights"_a = "",
+        "return_weights"_a = false,
         "Compiles a Graph into serialized engine bytes. Raises CompileError.\n"
         "cubin_sms: the SMs that get a cubin (empty: each of target_sms).\n"
-        "name_weights: a key prefix: the weights are named with it and left out of the engine.");
+        "name_weights: a key prefix: the weights are named with it and left out of the engine.\n"
+        "return_weights (with name_weights): returns (engine bytes, [(key, tensor name, weight bytes)]),\n"
+        "the weights left out, as externalize_weights gives them.");
   m.def(
       "nvrtc_cache_stats",
       [] {

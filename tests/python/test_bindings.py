@@ -172,3 +172,27 @@ def test_compile_can_name_its_weights(kc):
     assert named == moved and len(named) < len(plain)
     assert [key for key, *_ in entries] and all(key.startswith("kiln/t/") for key, *_ in entries)
     assert [n["key"] for n in kc.inspect_engine(named)["named_weights"]] == [key for key, *_ in entries]
+
+
+def test_compile_can_return_the_weights_it_names(kc):
+    """compile(name_weights=prefix, return_weights=True) gives the engine and
+    the weights that externalize_weights splits from the plain compile: the
+    front end's path (no second parse of an engine holding every weight)."""
+    import random
+
+    g = kc.Graph()
+    x = g.add_input("x", "float32", [2, 3])
+    w_bytes, b_bytes = (bytes(random.getrandbits(8) for _ in range(12)) for _ in range(2))
+    w = g.add_constant("w", "float32", [3], w_bytes)
+    b = g.add_constant("b", "float32", [3], b_bytes)
+    (y,) = g.add_node("aten.mul.Tensor", "scale", [x, w], {}, [("float32", [2, 3])])
+    (z,) = g.add_node("aten.add.Tensor", "shift", [y, b], {}, [("float32", [2, 3])])
+    g.set_outputs([z])
+    moved, entries = kc.externalize_weights(kc.compile(g, target_sms=[90], emit_ptx=False), "kiln/t/")
+    engine, returned = kc.compile(g, target_sms=[90], emit_ptx=False, name_weights="kiln/t/", return_weights=True)
+    assert engine == moved
+    assert returned == entries and len(returned) == 2
+    assert sorted(data for *_, data in returned) == sorted([w_bytes, b_bytes])
+    assert sorted(name for _key, name, _data in returned) == ["b", "w"]
+    with pytest.raises(ValueError, match="return_weights needs name_weights"):
+        kc.compile(g, target_sms=[90], return_weights=True)

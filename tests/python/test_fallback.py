@@ -38,9 +38,9 @@ def count_compiles(monkeypatch):
     calls = []
     real = _trial.compile_graph
 
-    def counting(built, options, progress=None, name_weights=""):
+    def counting(built, options, progress=None, name_weights="", return_weights=False):
         calls.append([op for _, op in built.node_ops])
-        return real(built, options, progress, name_weights)
+        return real(built, options, progress, name_weights, return_weights)
 
     monkeypatch.setattr(_trial, "compile_graph", counting)
     return calls
@@ -84,10 +84,10 @@ def test_failing_op_goes_to_the_cpu_with_one_line(inject, capsys, mode, tmp_path
 def test_any_exception_from_the_compiler_is_a_fallback(monkeypatch, capsys):
     real = _trial.compile_graph
 
-    def broken(built, options, progress=None, name_weights=""):
+    def broken(built, options, progress=None, name_weights="", return_weights=False):
         if any(op == "aten.tanh.default" for _, op in built.node_ops):
             raise ValueError("something unexpected inside the compiler")
-        return real(built, options, progress, name_weights)
+        return real(built, options, progress, name_weights, return_weights)
 
     monkeypatch.setattr(_trial, "compile_graph", broken)
     torch.manual_seed(0)
