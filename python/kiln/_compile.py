@@ -166,6 +166,10 @@ def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
     """
     programs = exported_program if isinstance(exported_program, dict) else {"forward": exported_program}
     decompose: dict[str, str] = {}
+    # Every engine the trials compile is taken by its preprocess or cleared
+    # below, so the cache needs no bound here: with one, a model whose
+    # weights exceed it would compile its first partitions twice.
+    bound, _trial.ENGINE_CACHE.max_bytes = _trial.ENGINE_CACHE.max_bytes, None
     try:
         for attempt in range(3):
             progress.reset()
@@ -196,6 +200,7 @@ def lower(exported_program: ExportedProgram | dict[str, ExportedProgram],
             return manager, {name: p.last_summary or PartitionSummary() for name, p in partitioners.items()}
     finally:
         _trial.ENGINE_CACHE.clear()  # engines preprocess did not take
+        _trial.ENGINE_CACHE.max_bytes = bound
     raise AssertionError("unreachable")
 
 

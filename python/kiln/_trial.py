@@ -67,9 +67,10 @@ class EngineCache:
     Weights are kept once per key however many engines use them (a
     language model's methods share theirs). Bounded by total size (engines
     plus distinct weights), oldest dropped first, so a lowering that never
-    reaches preprocess cannot hold memory forever."""
+    reaches preprocess cannot hold memory forever (None: no bound, while
+    kiln.compile lowers: it clears the cache when done)."""
 
-    def __init__(self, max_bytes: int = 4 << 30) -> None:
+    def __init__(self, max_bytes: Optional[int] = 4 << 30) -> None:
         self._entries: OrderedDict[str, CompiledEngine] = OrderedDict()
         self._weights: dict[str, list] = {}  # key -> [bytes, engines using it]
         self._bytes = 0
@@ -90,7 +91,7 @@ class EngineCache:
             shared.append((wkey, name, held[0]))  # one bytes object per key
         self._entries[key] = CompiledEngine(engine.blob, shared)
         self._bytes += len(engine.blob)
-        while self._bytes > self.max_bytes and len(self._entries) > 1:
+        while self.max_bytes is not None and self._bytes > self.max_bytes and len(self._entries) > 1:
             self._release(self._entries.popitem(last=False)[1])
 
     def get(self, key: str) -> Optional[CompiledEngine]:

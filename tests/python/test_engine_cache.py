@@ -39,3 +39,30 @@ def test_the_bound_drops_the_oldest_engine_and_its_weights():
     assert cache.get("b").blob == b"b"
     cache.clear()
     assert cache.nbytes == 0 and len(cache) == 0
+
+
+def test_no_bound_while_kiln_compile_lowers(monkeypatch):
+    """A cache bound smaller than the model's engines does not make
+    kiln.compile compile a method twice: its lowering lifts the bound (every
+    engine is taken by preprocess or cleared) and puts it back."""
+    import torch
+
+    import kiln
+    from kiln import _trial
+
+    calls = []
+    real = _trial.compile_graph
+
+    def counting(built, options, progress=None, name_weights="", return_weights=False):
+        calls.append(1)
+        return real(built, options, progress, name_weights, return_weights)
+
+    monkeypatch.setattr(_trial, "compile_graph", counting)
+    monkeypatch.setattr(_trial.ENGINE_CACHE, "max_bytes", 1)
+    torch.manual_seed(0)
+    programs = {name: torch.export.export(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).eval(),
+                                          (torch.randn(4, 32),)) for name in ("first", "second")}
+    compiled = kiln.compile(programs, target_sms=(90,), model_id="cache-bound")
+    assert compiled.summary.ops_on_cpu == {}
+    assert len(calls) == 2, "one trial compile per method, none again in preprocess"
+    assert _trial.ENGINE_CACHE.max_bytes == 1 and len(_trial.ENGINE_CACHE) == 0
