@@ -216,7 +216,9 @@ def compile_program(built: BuiltProgram, compile_one: Callable[..., object], wei
     share theirs: the keys are content hashes)."""
     from ._trial import CompiledEngine
 
-    def one(graph, weights: list, seen: set) -> bytes:
+    weights, seen = [], set()
+
+    def one(graph) -> bytes:
         if not weights_prefix:
             return compile_one(graph)
         blob, named = compile_one(graph, weights_prefix, True)
@@ -226,10 +228,9 @@ def compile_program(built: BuiltProgram, compile_one: Callable[..., object], wei
                 weights.append(entry)
         return blob
 
-    weights, seen = [], set()
     if not built.model.dynamic:
-        return CompiledEngine(one(built.graph, weights, seen), weights)
-    engines = [one(built.build_variant(sizes), weights, seen) for sizes in built.sizes]
+        return CompiledEngine(one(built.graph), weights)
+    engines = [one(built.build_variant(sizes)) for sizes in built.sizes]
     names = [name for name, _lo, _hi in built.model.symbols]
     values = [[sizes[name] for name in names] for sizes in built.sizes]
     return CompiledEngine(native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines),

@@ -509,20 +509,14 @@ std::vector<std::string> pass_names() {
 }
 
 std::vector<uint8_t> compile_graph(const ir::Graph& graph, const CompileOptions& options,
-                                   std::vector<ExternalWeight>* weights) {
+                                   std::vector<engine::ExternalWeight>* weights) {
   engine::EngineDesc desc = compile_to_desc(graph, options);
   const size_t weight_bytes = desc.weights.size();
   if (weights != nullptr) weights->clear();
   if (!options.weights_named_as.empty()) {
     Result<std::vector<std::vector<uint8_t>>> named = engine::externalize_weights(&desc, options.weights_named_as);
     if (!named.is_ok()) throw CompileError("naming the engine's weights: " + named.status().message());
-    if (weights != nullptr) {
-      std::vector<std::vector<uint8_t>> bytes = std::move(named).value();
-      const std::vector<std::string> names = engine::named_weight_tensor_names(desc);
-      for (size_t i = 0; i < bytes.size(); ++i)
-        if (!bytes[i].empty())  // empty: named before, its bytes are elsewhere
-          weights->push_back(ExternalWeight{desc.named_weights[i].key, names[i], std::move(bytes[i])});
-    }
+    if (weights != nullptr) *weights = engine::external_weights(desc, std::move(named).value());
   }
   Result<std::vector<uint8_t>> bytes = engine::serialize_engine(desc);
   if (!bytes.is_ok()) throw CompileError("the compiled engine failed validation: " + bytes.status().message());

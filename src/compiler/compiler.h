@@ -91,15 +91,9 @@ std::vector<std::string> constant_view_ops();
 // Compiles `graph` into an engine. Throws CompileError.
 engine::EngineDesc compile_to_desc(const ir::Graph& graph, const CompileOptions& options);
 
-// compile_to_desc + serialize_engine.
-// A weight that left the engine (CompileOptions::weights_named_as): its
-// key, the first tensor using it, its bytes.
-struct ExternalWeight {
-  std::string key, tensor_name;
-  std::vector<uint8_t> bytes;
-};
-
+// compile_to_desc + serialize_engine; with CompileOptions::weights_named_as,
+// `weights` (when given) receives the weights that left the engine.
 std::vector<uint8_t> compile_graph(const ir::Graph& graph, const CompileOptions& options,
-                                   std::vector<ExternalWeight>* weights = nullptr);
+                                   std::vector<engine::ExternalWeight>* weights = nullptr);
 
 }  // namespace kiln::compiler

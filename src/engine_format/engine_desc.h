@@ -181,6 +181,13 @@ struct NamedWeight {
   uint64_t hash = 0;
 };
 
+// A named weight's bytes once they left an engine (externalize_weights), for
+// the exporter to store as named data: its key, the first tensor using it.
+struct ExternalWeight {
+  std::string key, tensor_name;
+  std::vector<uint8_t> bytes;
+};
+
 // Mutable state that outlives an execution (a KV cache): device memory of
 // `nbytes` that the runtime allocates once per (device, scope, key), fills
 // with `init` (all zeros when empty) and shares between every engine naming

@@ -57,9 +57,10 @@ uint64_t hash_bytes(const void* data, size_t size);
 Result<std::vector<std::vector<uint8_t>>> externalize_weights(EngineDesc* desc,
                                                               const std::string& key_prefix);
 
-// The name of the first tensor that uses each named weight of `desc`, in
-// `desc.named_weights` order ("" for one no tensor uses).
-std::vector<std::string> named_weight_tensor_names(const EngineDesc& desc);
+// `bytes` (what externalize_weights returned for `desc`, moved from) with
+// each weight's key and first tensor's name; weights named before that call
+// (empty: their bytes are elsewhere) are left out.
+std::vector<ExternalWeight> external_weights(const EngineDesc& desc, std::vector<std::vector<uint8_t>> bytes);
 
 // CRC-32C (Castagnoli) of `size` bytes.
 uint32_t crc32c(const void* data, size_t size, uint32_t seed = 0);

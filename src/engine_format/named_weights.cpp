@@ -94,12 +94,15 @@ Result<std::vector<std::vector<uint8_t>>> externalize_weights(EngineDesc* desc,
   return out;
 }
 
-std::vector<std::string> named_weight_tensor_names(const EngineDesc& desc) {
+std::vector<ExternalWeight> external_weights(const EngineDesc& desc, std::vector<std::vector<uint8_t>> bytes) {
   std::vector<std::string> names(desc.named_weights.size());
   for (const TensorDesc& t : desc.tensors)
     if (t.storage == StorageKind::kNamedWeight && t.io_index < names.size() && names[t.io_index].empty())
       names[t.io_index] = t.name;
-  return names;
+  std::vector<ExternalWeight> out;
+  for (size_t i = 0; i < bytes.size() && i < names.size(); ++i)
+    if (!bytes[i].empty()) out.push_back(ExternalWeight{desc.named_weights[i].key, names[i], std::move(bytes[i])});
+  return out;
 }
 
 }  // namespace kiln::engine

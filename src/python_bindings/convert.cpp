@@ -98,4 +98,14 @@ nb::object attr_to_python(const ir::Attr& attr) {
       attr);
 }
 
+nb::list external_weights_to_python(std::vector<engine::ExternalWeight>& weights) {
+  nb::list entries;
+  for (engine::ExternalWeight& w : weights) {
+    entries.append(nb::make_tuple(w.key, w.tensor_name,
+                                  nb::bytes(reinterpret_cast<const char*>(w.bytes.data()), w.bytes.size())));
+    std::vector<uint8_t>().swap(w.bytes);
+  }
+  return entries;
+}
+
 }  // namespace kiln::python

@@ -30,4 +30,9 @@ std::map<std::string, ir::Attr> attrs_from_python(nb::handle obj);
 
 nb::object attr_to_python(const ir::Attr& attr);
 
+// [(key, tensor name, bytes)] for weights that left an engine; each weight's
+// C++ bytes are freed as soon as Python holds them, so at most one extra copy
+// of one weight exists at a time.
+nb::list external_weights_to_python(std::vector<engine::ExternalWeight>& weights);
+
 }  // namespace kiln::python

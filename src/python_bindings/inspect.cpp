@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "convert.h"
 #include "engine_format/engine_format.h"
 #include "engine_format/step_format.h"
 
@@ -159,9 +160,7 @@ nb::dict inspect_engine(nb::bytes data) {
 
 nb::tuple externalize_engine_weights(nb::bytes data, const std::string& key_prefix) {
   std::vector<uint8_t> engine_bytes;
-  std::vector<std::vector<uint8_t>> weights;
-  std::vector<NamedWeight> named;
-  std::vector<std::string> names;  // one tensor name per named weight (the first using it)
+  std::vector<ExternalWeight> weights;
   {
     nb::gil_scoped_release release;
     Result<EngineDesc> parsed = parse_engine(data.c_str(), data.size());
@@ -170,22 +169,13 @@ nb::tuple externalize_engine_weights(nb::bytes data, const std::string& key_pref
     EngineDesc desc = std::move(parsed).value();
     Result<std::vector<std::vector<uint8_t>>> split = externalize_weights(&desc, key_prefix);
     if (!split.is_ok()) throw nb::value_error(split.status().to_string().c_str());
-    weights = std::move(split).value();
-    named = desc.named_weights;
-    names = named_weight_tensor_names(desc);
+    weights = external_weights(desc, std::move(split).value());
     Result<std::vector<uint8_t>> bytes = serialize_engine(desc);
     if (!bytes.is_ok()) throw nb::value_error(bytes.status().to_string().c_str());
     engine_bytes = std::move(bytes).value();
   }
-  nb::list entries;
-  for (size_t i = 0; i < named.size(); ++i) {
-    if (weights[i].empty()) continue;  // named before this call: its bytes are elsewhere
-    entries.append(nb::make_tuple(named[i].key, names[i],
-                                  nb::bytes(reinterpret_cast<const char*>(weights[i].data()),
-                                            weights[i].size())));
-  }
-  return nb::make_tuple(
-      nb::bytes(reinterpret_cast<const char*>(engine_bytes.data()), engine_bytes.size()), entries);
+  return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(engine_bytes.data()), engine_bytes.size()),
+                        external_weights_to_python(weights));
 }
 
 }  // namespace kiln::python

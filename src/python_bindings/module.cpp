@@ -121,7 +121,7 @@ nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, 
   }
 
   std::vector<uint8_t> engine;
-  std::vector<compiler::ExternalWeight> weights;
+  std::vector<engine::ExternalWeight> weights;
   try {
     nb::gil_scoped_release release;
     engine = compiler::compile_graph(graph, options, return_weights ? &weights : nullptr);
@@ -139,13 +139,7 @@ nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, 
   }
   nb::bytes blob(engine.data(), engine.size());
   if (!return_weights) return blob;
-  nb::list entries;
-  for (compiler::ExternalWeight& w : weights) {
-    entries.append(nb::make_tuple(w.key, w.tensor_name,
-                                  nb::bytes(reinterpret_cast<const char*>(w.bytes.data()), w.bytes.size())));
-    std::vector<uint8_t>().swap(w.bytes);  // one copy at a time, not two
-  }
-  return nb::make_tuple(blob, entries);
+  return nb::make_tuple(blob, external_weights_to_python(weights));
 }
 
 nb::list py_add_node(ir::Graph& graph, const std::string& op, const std::string& name,
