@@ -184,11 +184,31 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   // Loads a lane issues before using any: a row's whole chunk when it is
   // short, kGemvGroup at most (registers).
   const int64_t group = std::min<int64_t>(kGemvGroup, (vecs + 31) / 32);
+  const int64_t columns = pair ? p.n / 2 : p.n;
+  // Strided (OpOptions::GemvStriding): a product whose one-column-a-warp grid
+  // runs many waves (the lm_head: 8000 blocks over 132 SMs) takes a capped
+  // grid instead; each warp walks columns col, col + kTW, ... and loads its
+  // next column's first group before it sums the last group of the current
+  // one, so its loads stay in flight across columns, the last wave is not
+  // partial, and a norm prologue is computed once a warp, not once a column.
+  // Below the threshold the strided loop costs more than it gains (a
+  // column's address arithmetic and twice the registers: 6% of a decode
+  // step measured with every product strided, docs/design_llm.md).
+  const int64_t one_column_blocks = (columns + kGemvWarps - 1) / kGemvWarps;
+  const bool strided = one_column_blocks > p.striding.min_blocks;
+  const int warps = strided ? p.striding.warps : kGemvWarps;
+  if (warps < 1 || warps > 32 || p.striding.max_blocks < 1)
+    throw CompileError("internal: gemv striding of " + std::to_string(warps) + " warps, " +
+                       std::to_string(p.striding.max_blocks) + " blocks");
+  const int64_t blocks = strided ? std::min<int64_t>((columns + warps - 1) / warps, p.striding.max_blocks)
+                                 : one_column_blocks;
   const bool has_bias = p.bias >= 0, has_c = p.c >= 0;
   const std::string T = codegen::storage_type(dtype);
   std::ostringstream s;
-  s << "// " << name << ": gemv m=" << p.m << " n=" << p.n << " k=" << p.k << "\n"
-    << "extern \"C\" __global__ void __launch_bounds__(" << 32 * kGemvWarps << ") " << name << "(\n"
+  s << "// " << name << ": gemv m=" << p.m << " n=" << p.n << " k=" << p.k;
+  if (strided) s << ", columns strided over " << blocks * warps << " warps";
+  s << "\n"
+    << "extern \"C\" __global__ void __launch_bounds__(" << 32 * warps << ") " << name << "(\n"
     << "    " << codegen::storage_type(out_dtype) << "* __restrict__ out, const " << T << "* __restrict__ x, const " << T
     << "* __restrict__ w";
   if (has_bias) s << ", const " << T << "* __restrict__ bias";
@@ -197,28 +217,34 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   if (norm_weight) s << ", const " << codegen::storage_type(norm_weight_dtype) << "* __restrict__ nw";
   s << ") {\n"
     << "  constexpr int kM = " << p.m << ", kG = " << group << ", kV = " << vec << ";\n"
-    << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs) << ";\n"
+    << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs)
+    << ", kCols = " << ll(columns) << ";\n"
+    << (pair ? "  constexpr long long kHalf = " + ll(p.n / 2) + ";\n" : std::string())
     << "  const int lane = threadIdx.x & 31;\n"
-    << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n";
-  if (pair)
-    s << "  constexpr long long kHalf = " << ll(p.n / 2) << ";\n"
-      << "  if (col >= kHalf) return;\n"
-      << "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n";
-  else
-    s << "  if (col >= kN) return;\n";
-  s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
+    << "  " << (strided ? "" : "const ") << "long long col = (long long)blockIdx.x * " << warps
+    << " + (threadIdx.x >> 5);\n";
+  s << "  if (col >= kCols) return;\n"
+    << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
+    << (pair ? "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n" : "")
     << "  uint4 wv[kG];\n"
     << (pair ? "  uint4 wv2[kG];\n" : "");
-  // The loads of the group at `base`.
-  const std::string load = std::string(
-                               "#pragma unroll\n"
-                               "for (int g = 0; g < kG; ++g) {\n"
-                               "  const long long v = base + 32 * g;\n"
-                               "  if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n") +
-                           (pair ? "  if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n"
-                                 : "") +
-                           "}\n";
+  // The loads of the group at `base` from row pointers `r` (`r2`) into `d` (`d2`).
+  auto load_into = [&](const std::string& r, const std::string& r2, const std::string& d, const std::string& d2) {
+    return std::string("#pragma unroll\n"
+                       "for (int g = 0; g < kG; ++g) {\n"
+                       "  const long long v = base + 32 * g;\n"
+                       "  if (v < kVecs) ") + d + "[g] = __ldg(" + r + " + v); else " + d +
+           "[g] = make_uint4(0u, 0u, 0u, 0u);\n" +
+           (pair ? "  if (v < kVecs) " + d2 + "[g] = __ldg(" + r2 + " + v); else " + d2 +
+                       "[g] = make_uint4(0u, 0u, 0u, 0u);\n"
+                 : std::string()) +
+           "}\n";
+  };
+  const std::string load = load_into("wr", "wr2", "wv", "wv2");
+  // A strided kernel always has its first group loaded before the loop (the
+  // next column's comes from the previous column's last group).
   if (p.early_weights) emit_early_loads(s, load);
+  else if (strided) s << "  {\n    const long long base = lane;\n" << indented(load, "    ") << "  }\n";
   if (norm) {
     // RMSNorm prologue: each warp computes its rows' rsqrt(mean(x^2) + eps)
     // (a row is a few KiB, read from cache by every warp); the products then
@@ -250,75 +276,98 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   const std::string x_term = norm_weight ? codegen::load_expr(dtype, "xe[e]") + " * " +
                                                codegen::load_expr(norm_weight_dtype, "nw[v * kV + e]")
                                          : codegen::load_expr(dtype, "xe[e]");
-  s << "  float acc[kM];\n"
-    << (pair ? "  float acc2[kM];\n" : "")
-    << "  #pragma unroll\n"
-    << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
-    << (pair ? "  #pragma unroll\n  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : "")
-    << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n";
-  if (p.early_weights) s << "    if (base != lane) {\n" << indented(load, "      ") << "    }\n";
+  // In a strided kernel the body below runs once a column; `in` indents it.
+  const std::string in = strided ? "  " : "";
+  if (strided)
+    s << "  constexpr long long kTW = " << ll(blocks * warps) << ";  // warps in the grid\n"
+      << "  uint4 nv[kG];\n"
+      << (pair ? "  uint4 nv2[kG];\n" : "")
+      << "  for (;;) {\n"
+      << "    const long long next = col + kTW;\n"
+      << "    const uint4* nr = reinterpret_cast<const uint4*>(w + next * kK);\n"
+      << (pair ? "    const uint4* nr2 = reinterpret_cast<const uint4*>(w + (next + kHalf) * kK);\n" : "");
+  s << in << "  float acc[kM];\n"
+    << (pair ? in + "  float acc2[kM];\n" : std::string())
+    << in << "  #pragma unroll\n"
+    << in << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
+    << (pair ? in + "  #pragma unroll\n" + in + "  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : std::string())
+    << in << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n";
+  if (p.early_weights || strided) s << in << "    if (base != lane) {\n" << indented(load, in + "      ") << in << "    }\n";
   else s << indented(load, "    ");
-  s << "    #pragma unroll\n"
-    << "    for (int g = 0; g < kG; ++g) {\n"
-    << "      const long long v = base + 32 * g;\n"
-    << "      if (v >= kVecs) break;\n"
-    << "      const " << T << "* we = reinterpret_cast<const " << T << "*>(&wv[g]);\n"
-    << (pair ? "      const " + T + "* we2 = reinterpret_cast<const " + T + "*>(&wv2[g]);\n" : std::string())
-    << "      #pragma unroll\n"
-    << "      for (int m = 0; m < kM; ++m) {\n"
-    << "        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * kK) + v);\n"
-    << "        const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
-    << "        #pragma unroll\n";
+  if (strided)
+    s << in << "    if (base + 32 * kG >= kVecs && next < kCols) {  // the row's last group: the next column's first\n"
+      << in << "      const long long base = lane;\n"
+      << indented(load_into("nr", "nr2", "nv", "nv2"), in + "      ") << in << "    }\n";
+  s << in << "    #pragma unroll\n"
+    << in << "    for (int g = 0; g < kG; ++g) {\n"
+    << in << "      const long long v = base + 32 * g;\n"
+    << in << "      if (v >= kVecs) break;\n"
+    << in << "      const " << T << "* we = reinterpret_cast<const " << T << "*>(&wv[g]);\n"
+    << (pair ? in + "      const " + T + "* we2 = reinterpret_cast<const " + T + "*>(&wv2[g]);\n" : std::string())
+    << in << "      #pragma unroll\n"
+    << in << "      for (int m = 0; m < kM; ++m) {\n"
+    << in << "        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * kK) + v);\n"
+    << in << "        const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
+    << in << "        #pragma unroll\n";
   if (pair)
-    s << "        for (int e = 0; e < kV; ++e) {\n"
-      << "          const float xf = " << x_term << ";\n"
-      << "          acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", xf, acc[m]);\n"
-      << "          acc2[m] = fmaf(" << codegen::load_expr(dtype, "we2[e]") << ", xf, acc2[m]);\n"
-      << "        }\n";
+    s << in << "        for (int e = 0; e < kV; ++e) {\n"
+      << in << "          const float xf = " << x_term << ";\n"
+      << in << "          acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", xf, acc[m]);\n"
+      << in << "          acc2[m] = fmaf(" << codegen::load_expr(dtype, "we2[e]") << ", xf, acc2[m]);\n"
+      << in << "        }\n";
   else
-    s << "        for (int e = 0; e < kV; ++e) acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", " << x_term
-      << ", acc[m]);\n";
-  s << "      }\n"
-    << "    }\n"
-    << "  }\n"
-    << "  #pragma unroll\n"
-    << "  for (int m = 0; m < kM; ++m) {\n"
-    << "    float a = acc[m];\n"
-    << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"
-    << "    acc[m] = a;\n"
-    << (pair ? "    float a2 = acc2[m];\n"
-               "    for (int o = 16; o > 0; o >>= 1) a2 += __shfl_xor_sync(0xffffffffu, a2, o);\n"
-               "    acc2[m] = a2;\n"
-             : "")
-    << "  }\n"
-    << "  if (lane != 0) return;\n"
-    << "  #pragma unroll\n"
-    << "  for (int m = 0; m < kM; ++m) {\n"
-    << "    float r = acc[m]" << (norm ? " * rs[m]" : "") << ";\n";
+    s << in << "        for (int e = 0; e < kV; ++e) acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", "
+      << x_term << ", acc[m]);\n";
+  s << in << "      }\n"
+    << in << "    }\n"
+    << in << "  }\n"
+    << in << "  #pragma unroll\n"
+    << in << "  for (int m = 0; m < kM; ++m) {\n"
+    << in << "    float a = acc[m];\n"
+    << in << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"
+    << in << "    acc[m] = a;\n"
+    << (pair ? in + "    float a2 = acc2[m];\n" + in +
+                   "    for (int o = 16; o > 0; o >>= 1) a2 += __shfl_xor_sync(0xffffffffu, a2, o);\n" + in +
+                   "    acc2[m] = a2;\n"
+             : std::string())
+    << in << "  }\n"
+    << in << (strided ? "  if (lane == 0)\n" : "  if (lane != 0) return;\n")
+    << in << "  #pragma unroll\n"
+    << in << "  for (int m = 0; m < kM; ++m) {\n"
+    << in << "    float r = acc[m]" << (norm ? " * rs[m]" : "") << ";\n";
+  const std::string store_in = in + "    ";
   if (!pair) {
-    emit_plain_store(s, p, dtype, "    ");
+    emit_plain_store(s, p, dtype, store_in);
   } else {
-    if (has_bias) s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
+    if (has_bias) s << store_in << "r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
     // The two halves as the product's dtype stores them (what the separate
     // elementwise kernel read), then its arithmetic.
-    s << "    float r2 = acc2[m]" << (norm ? " * rs[m]" : "") << ";\n";
-    if (has_bias) s << "    r2 += " << codegen::load_expr(dtype, "bias[col + kHalf]") << ";\n";
-    s << "    const " << T << " q1 = " << codegen::store_expr(dtype, "r") << ";\n"
-      << "    const " << T << " q2 = " << codegen::store_expr(dtype, "r2") << ";\n"
-      << "    const float h1 = " << codegen::load_expr(dtype, "q1") << ", h2 = " << codegen::load_expr(dtype, "q2")
+    s << store_in << "float r2 = acc2[m]" << (norm ? " * rs[m]" : "") << ";\n";
+    if (has_bias) s << store_in << "r2 += " << codegen::load_expr(dtype, "bias[col + kHalf]") << ";\n";
+    s << store_in << "const " << T << " q1 = " << codegen::store_expr(dtype, "r") << ";\n"
+      << store_in << "const " << T << " q2 = " << codegen::store_expr(dtype, "r2") << ";\n";
+    s << store_in << "const float h1 = " << codegen::load_expr(dtype, "q1") << ", h2 = " << codegen::load_expr(dtype, "q2")
       << ";\n";
     std::map<int, std::string> name_of{{p.pair_first, "h1"}, {p.pair_second, "h2"}};
     const std::string last =
-        emit_elementwise_chain(*graph, p.pair_nodes, name_of, "_e", "    ", "kernel '" + name + "'", s);
-    s << "    out[m * kHalf + col] = " << codegen::store_expr(out_dtype, last) << ";\n";
+        emit_elementwise_chain(*graph, p.pair_nodes, name_of, "_e", store_in, "kernel '" + name + "'", s);
+    s << store_in << "out[m * kHalf + col] = " << codegen::store_expr(out_dtype, last) << ";\n";
   }
-  s << "  }\n"
-    << "}\n";
+  s << in << "  }\n";
+  if (strided)
+    s << "    col = next;\n"
+      << "    if (col >= kCols) return;\n"
+      << "    wr = nr;\n"
+      << (pair ? "    wr2 = nr2;\n" : "")
+      << "    #pragma unroll\n"
+      << "    for (int g = 0; g < kG; ++g) wv[g] = nv[g];\n"
+      << (pair ? "    #pragma unroll\n    for (int g = 0; g < kG; ++g) wv2[g] = nv2[g];\n" : "")
+      << "  }\n";
+  s << "}\n";
   GemvKernel k;
   k.source = s.str();
-  const int64_t columns = pair ? p.n / 2 : p.n;
-  k.grid = static_cast<uint32_t>((columns + kGemvWarps - 1) / kGemvWarps);
-  k.block = 32 * kGemvWarps;
+  k.grid = static_cast<uint32_t>(blocks);
+  k.block = static_cast<uint32_t>(32 * warps);
   return k;
 }
 
