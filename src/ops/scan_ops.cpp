@@ -13,8 +13,12 @@ namespace {
 
 using codegen::ll;
 
-// Integer and bool inputs sum exactly (into an integer output).
-bool sums_exactly(engine::DType in) { return codegen::is_integer(in) || in == engine::DType::kBool; }
+// As PyTorch does, the input is first converted to the output's dtype (a
+// float truncated toward zero into an integer, an integer or bool into a
+// float), then summed: into an integer output exactly, in 64 bits; into a
+// float one in float.
+bool integer_output(engine::DType out) { return codegen::is_integer(out); }
+bool is_number(engine::DType d) { return codegen::is_integer(d) || codegen::is_float(d) || d == engine::DType::kBool; }
 
 // The dim normalized into [0, rank) (0 for a 0-d tensor); "" or why not.
 std::string scan_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, int64_t* dim) {
@@ -29,9 +33,9 @@ std::string scan_dim(const std::map<std::string, ir::Attr>& attrs, size_t rank, 
 std::string check_cumsum(const OpQuery& q) {
   if (q.inputs.size() != 1 || q.outputs.size() != 1) return q.op + " needs one tensor input and one output";
   const engine::DType in = q.inputs[0].dtype, out = q.outputs[0].dtype;
-  if (sums_exactly(in) ? !codegen::is_integer(out) : !(codegen::is_float(in) && codegen::is_float(out)))
+  if (!is_number(in) || !(codegen::is_integer(out) || codegen::is_float(out)))
     return q.op + " from " + engine::dtype_name(in) + " to " + engine::dtype_name(out) +
-           " is not taken (taken: an integer or bool input to int64 or int32, a float input to a float)";
+           " is not taken (taken: a number or bool input to an integer or float output)";
   if (q.inputs[0].shape != q.outputs[0].shape) return q.op + " output shape differs from its input's";
   int64_t dim = 0;
   return scan_dim(q.attrs, q.inputs[0].shape.size(), &dim);
@@ -40,15 +44,18 @@ std::string check_cumsum(const OpQuery& q) {
 void CumsumPlan::lower(LowerContext& ctx, engine::Step& step) const {
   const ir::Graph& g = ctx.graph();
   const engine::DType in_dt = g.value(input).dtype, out_dt = g.value(out).dtype;
-  const bool exact = sums_exactly(in_dt);
+  const bool exact = integer_output(out_dt);
   step.kind = engine::StepKind::kKernel;
   engine::KernelStep& k = step.kernel;
   k.function = ctx.kernel_name("kiln_cumsum");
   const int64_t lines = outer * inner;
   const std::string in_t = codegen::storage_type(in_dt), out_t = codegen::storage_type(out_dt);
-  // Integers and bools (stored as 0/1 bytes) widen to long long exactly;
-  // floats load as float.
-  const std::string load = exact ? "(long long)x[i * kInner]" : codegen::load_expr(in_dt, "x[i * kInner]");
+  // Each element in the sum's type: integers and bools (0/1 bytes) widen
+  // exactly, floats load as float (and truncate toward zero into an integer
+  // sum, as PyTorch's conversion does).
+  const std::string element =
+      codegen::is_float(in_dt) ? codegen::load_expr(in_dt, "x[i * kInner]") : "x[i * kInner]";
+  const std::string load = std::string(exact ? "(long long)" : "(float)") + "(" + element + ")";
   const std::string store = exact ? "(" + out_t + ")acc" : codegen::store_expr(out_dt, "acc");
   std::ostringstream s;
   s << "extern \"C\" __global__ void __launch_bounds__(" << kScanBlock << ") " << k.function << "(\n"
@@ -79,7 +86,7 @@ KILN_REGISTER_OPS(scan) {
   def.name = "aten.cumsum.default";
   def.role = OpRole::kStep;
   def.check = check_cumsum;
-  def.any_dtype = true;  // integer and bool inputs, integer outputs; check_cumsum pairs the dtypes
+  def.any_dtype = true;  // integer, bool and float inputs; check_cumsum checks the pair
   def.bool_inputs = true;
   def.plan = [](PlanContext& ctx, int node) {
     const ir::Graph& g = ctx.graph();

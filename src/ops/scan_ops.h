@@ -4,14 +4,15 @@
 //
 // One thread a line (the elements along the dim at fixed other coordinates)
 // walks its line in index order: element i is the sum of elements 0..i.
-// Integer and bool inputs sum exactly in 64-bit integers into an integer
-// output (int64, or int32 when cumsum's dtype asks for it, wrapping as a
-// cast does). Float inputs (float32, float16, bfloat16) sum in float into a
-// float output, each element rounded once to the output dtype: as PyTorch's
-// CUDA cumsum, which also sums float16/bfloat16 in float (its CPU cumsum sums
-// float32 in double, so a long float32 line differs from CPU by float's
-// rounding, about sqrt(length) * 2^-24 relative). Other pairings (float to an
-// integer, an integer to float, bool output) stay on the CPU.
+// As in PyTorch, each element is first converted to the output's kind (with
+// cumsum's dtype, e.g. a float routing mask counted into int32 in Mixtral):
+// an integer output sums exactly in 64-bit integers (int64, or int32
+// wrapping as a cast does), floats truncated toward zero; a float output
+// (float32, float16, bfloat16) sums in float, integers and bools converted,
+// each element rounded once to the output dtype: as PyTorch's CUDA cumsum,
+// which also sums float16/bfloat16 in float (its CPU cumsum sums float32 in
+// double, so a long float32 line differs from CPU by float's rounding, about
+// sqrt(length) * 2^-24 relative). A bool output stays on the CPU.
 //
 // Speed: consecutive threads take consecutive lines, so a scan over a
 // leading or middle dim reads coalesced; a scan over the last dim of few

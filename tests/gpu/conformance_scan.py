@@ -62,14 +62,28 @@ class PositionIds(nn.Module):
         return position_ids, self.positions(position_ids)
 
 
+class CumsumToInteger(nn.Module):
+    """cumsum's dtype conversions: a float mask counted into int32 (Mixtral's
+    routing counts), and x * 2 truncated toward zero into int64 before the
+    sum (exact in every dtype: a power-of-two scale of the rounded input),
+    both compared exactly; the counts summed again as float32."""
+
+    def forward(self, x):
+        counts = torch.cumsum((x > 0).to(x.dtype), dim=-1, dtype=torch.int32)
+        truncated = torch.cumsum(x * 2.0, dim=1, dtype=torch.int64)
+        return counts, truncated, torch.cumsum(counts, dim=0, dtype=torch.float32)
+
+
 FACTORIES = {
     "CumsumLast": CumsumLast,
     "CumsumMiddle": CumsumMiddle,
     "PositionIds": PositionIds,
+    "CumsumToInteger": CumsumToInteger,
 }
 
 CASES = {
     "CumsumLast": [(6, 256)],
     "CumsumMiddle": [(3, 96, 20)],
     "PositionIds": [(2, 128)],
+    "CumsumToInteger": [(4, 64)],
 }

@@ -1,7 +1,8 @@
 """torch.cumsum exports into Kiln engines (src/ops/scan_ops.cpp): RoBERTa's
 position ids (an integer cumsum of the padding mask, from int64 token ids)
-and float cumsums over any dim, with nothing left on the CPU; a dtype pairing
-the kernel does not compute stays on the CPU with its reason. The kernel's
+and float cumsums over any dim, and cumsum's dtype conversions (a float
+routing mask counted into int32, as Mixtral's router does), with nothing left
+on the CPU. The kernel's
 numbers are checked on the CPU by tests/cpp/compiler_scan_test.cpp (host
 shim) and on the GPU by tests/gpu/conformance_scan.py."""
 
@@ -86,12 +87,18 @@ def test_conformance_models_run_entirely_in_kiln(name):
     assert "cumsum" in _labels(compiled)
 
 
-def test_float_to_integer_cumsum_stays_on_the_cpu_with_its_reason(capsys):
-    class ToInt(nn.Module):
-        def forward(self, x):
-            return torch.cumsum(torch.relu(x), dim=1, dtype=torch.int64) + 1
+def test_cumsum_dtype_conversions_run_entirely_in_kiln():
+    """cumsum(x, dtype=...) converts x first, as PyTorch does: a float mask
+    counted into int32 (Mixtral's expert routing), fractional floats
+    truncated into int64, integers summed as floats."""
 
-    compiled = _compile(ToInt(), torch.randn(4, 8), min_block_size=1)
-    assert compiled.summary.ops_on_cpu == {"aten.cumsum.default": 1}, compiled.summary.line()
-    err = capsys.readouterr().err
-    assert "aten.cumsum.default from float32 to int64 is not taken" in err, err
+    class Conversions(nn.Module):
+        def forward(self, x):
+            counts = torch.cumsum((x > 0).to(x.dtype), dim=-1, dtype=torch.int32)
+            truncated = torch.cumsum(x * 2.0, dim=1, dtype=torch.int64) + 1
+            as_float = torch.cumsum(counts, dim=0, dtype=torch.float32) * x
+            return counts, truncated, as_float
+
+    compiled = _compile(Conversions(), torch.randn(4, 8), min_block_size=1)
+    assert compiled.summary.ops_on_cpu == {}, compiled.summary.line()
+    assert _labels(compiled).count("cumsum") == 3, _labels(compiled)
