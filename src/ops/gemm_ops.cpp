@@ -185,7 +185,6 @@ GemmDraft draft_gemm(PlanContext& ctx, int node_index) {
   }
   g.gemv = ctx.options().gemv_kernels && gemv_applies(g, graph.value(out).dtype);
   g.early_weights = g.gemv && ctx.options().overlap_launches && graph.value(g.b).is_constant;
-  g.striding = ctx.options().gemv_striding;
   draft.plan = std::move(g);
   return draft;
 }

@@ -3,7 +3,6 @@
 // shown by `kiln inspect`; nothing here is read from the environment.
 #pragma once
 
-#include <cstdint>
 #include <string>
 
 namespace kiln::ops {
@@ -30,18 +29,6 @@ struct OpOptions {
   // its constants before it waits (a matrix-vector product's first weight
   // loads). Set by the compiler from CompileOptions::overlap_launches.
   bool overlap_launches = false;
-  // How a matrix-vector kernel with many columns spreads them
-  // (gemv_kernel.cpp): when one column a warp would take more than
-  // `min_blocks` blocks, the kernel takes at most `max_blocks` blocks of
-  // `warps` warps, and each warp walks its columns with the next column's
-  // first loads in flight while it sums the current one. Not a kiln.compile
-  // option (the values were measured, docs/design_llm.md); tests lower them
-  // to reach the strided shape with small products.
-  struct GemvStriding {
-    int64_t min_blocks = 528;
-    int64_t max_blocks = 528;
-    int warps = 4;
-  } gemv_striding;
 };
 
 const char* conv_gemm_name(OpOptions::ConvGemm mode);  // "all", "unstrided", "none"

@@ -90,8 +90,6 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
   // (OpOptions::overlap_launches): each lane's first weight loads go above
   // the kernel's grid-dependency wait, while its predecessor still runs.
   bool early_weights = false;
-  // gemv only: OpOptions::gemv_striding at planning.
-  OpOptions::GemvStriding striding;
 
   std::vector<int> reads() const override;
   int writes() const override { return out; }

@@ -50,11 +50,6 @@ size_t count_of(const std::string& text, const std::string& what) {
   return n;
 }
 
-// OpOptions::GemvStriding that makes every product strided: at most 2 blocks
-// of 3 warps, so each warp walks several columns (and, with fewer than 6
-// columns, some warps have none).
-constexpr ops::OpOptions::GemvStriding kForcedStriding{0, 2, 3};
-
 // With overlap_launches a product whose weight is a constant issues its first
 // weight loads above its grid-dependency wait (codegen/grid_dependency.h); a
 // weight that a kernel computes, or classic launches, keep every load below.
@@ -129,9 +124,6 @@ TEST(DecodeOps, EarlyWeightLoadsAssembleAboveTheWait) {
   p.n = 64;
   p.k = 1024;
   p.early_weights = true;
-  for (bool strided : {false, true}) {
-  SCOPED_TRACE(strided ? "strided" : "one column a warp");
-  if (strided) p.striding = kForcedStriding;
   const ops::GemvKernel gen = ops::generate_gemv_kernel(p, DType::kBFloat16, "kiln_gemv_early");
   const engine::KernelModule module =
       codegen::compile_module("m", ops::pointwise_prelude() + gen.source, {80, 90}, true, {}, true);
@@ -148,37 +140,6 @@ TEST(DecodeOps, EarlyWeightLoadsAssembleAboveTheWait) {
   ASSERT_NE(load, std::string::npos);
   EXPECT_LT(trigger, load);
   EXPECT_LT(load, wait) << "the first weight load is issued before the wait";
-  }
-}
-
-// The default striding (OpOptions::GemvStriding) leaves a decode layer's
-// products one column a warp and strides the products with many columns (an
-// lm_head) over a capped grid.
-TEST(DecodeOps, OnlyProductsWithManyColumnsAreStrided) {
-  const ops::OpOptions::GemvStriding defaults;
-  for (int64_t n : {int64_t{64}, 4 * defaults.min_blocks, 4 * defaults.min_blocks + 1, int64_t{32000}}) {
-    ops::GemmPlan p;
-    p.a = 0;
-    p.b = 1;
-    p.out = 2;
-    p.b_transposed = true;
-    p.m = 1;
-    p.n = n;
-    p.k = 1024;
-    p.rms_norm = true;  // the final norm's prologue, as an lm_head has (and never the wide shape)
-    p.norm_eps = 1e-6;
-    const ops::GemvKernel gen = ops::generate_gemv_kernel(p, DType::kBFloat16, "kiln_gemv_grid");
-    const bool strided = (n + 3) / 4 > defaults.min_blocks;
-    SCOPED_TRACE("n " + std::to_string(n));
-    EXPECT_EQ(gen.source.find("strided") != std::string::npos, strided);
-    if (strided) {
-      EXPECT_EQ(gen.block, 32u * defaults.warps);
-      EXPECT_LE(gen.grid, defaults.max_blocks);
-    } else {
-      EXPECT_EQ(gen.block, 128u);
-      EXPECT_EQ(gen.grid, (n + 3) / 4);
-    }
-  }
 }
 
 // The kernel against a double reference: rows x [k] . [n, k]^T + bias + C,
@@ -206,11 +167,9 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
                         Case{DType::kBFloat16, 1, 1024, 4096, false, true, false, true},
                         // more columns than the wide shape takes
                         Case{DType::kFloat16, 1, 2056, 1024, false, true, false, false}})
-  for (bool early : {false, true})
-  for (bool strided : {false, true}) {
-    if (strided && c.wide) continue;  // the wide shape comes first
+  for (bool early : {false, true}) {
     SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
-                 " k " + std::to_string(c.k) + (early ? " early weights" : "") + (strided ? " strided" : ""));
+                 " k " + std::to_string(c.k) + (early ? " early weights" : ""));
     ops::GemmPlan p;
     p.a = 0;
     p.b = 1;
@@ -225,15 +184,10 @@ TEST(DecodeOps, GemvKernelMatchesReference) {
     p.epilogue = c.relu ? (c.bias ? engine::GemmEpilogue::kReluBias : engine::GemmEpilogue::kRelu)
                         : (c.bias ? engine::GemmEpilogue::kBias : engine::GemmEpilogue::kNone);
     p.early_weights = early;
-    if (strided) p.striding = kForcedStriding;
     ASSERT_TRUE(ops::gemv_applies(p, c.dt));
     const std::string fn = "kiln_gemv_test_" + std::to_string(case_index++);
     const ops::GemvKernel gen = ops::generate_gemv_kernel(p, c.dt, fn);
     EXPECT_EQ(gen.block == 256, c.wide);
-    if (strided) {
-      EXPECT_EQ(gen.block, 32u * kForcedStriding.warps);
-      EXPECT_LE(gen.grid, kForcedStriding.max_blocks);
-    }
     EXPECT_EQ(count_of(gen.source, codegen::kGridDependencyWaitMarker), early ? 1u : 0u);
     const BlockLaunch launch = block_launcher(gen.source, fn, fn);
     ASSERT_NE(launch, nullptr);
@@ -276,7 +230,6 @@ struct NormLinearCase {
   DType dt;
   int64_t m, n, k;
   bool bias, casts, norm_weight, extra_reader;
-  bool strided = false;  // kForcedStriding
 };
 
 void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
@@ -312,7 +265,6 @@ void check_norm_linear(const NormLinearCase& c, int index, std::mt19937& rng) {
   ops::OpOptions options;
   options.gemv_kernels = true;
   options.overlap_launches = index % 2 == 1;  // odd cases: first weight loads above the wait
-  if (c.strided) options.gemv_striding = kForcedStriding;
   passes::ExecPlan plan = passes::fuse(g, options);
   const bool fused = !c.extra_reader && c.m <= ops::kGemvMaxRows;
   const ops::GemmPlan* gemm = nullptr;
@@ -377,7 +329,6 @@ struct PairCase {
   DType dt;
   int64_t m, inter, k;
   bool bias, extra_reader;
-  bool strided = false;  // kForcedStriding
 };
 
 void check_gemv_pair(const PairCase& c, int index, std::mt19937& rng) {
@@ -400,7 +351,6 @@ void check_gemv_pair(const PairCase& c, int index, std::mt19937& rng) {
   ops::OpOptions options;
   options.gemv_kernels = true;
   options.overlap_launches = index % 2 == 0;  // even cases: first weight loads above the wait
-  if (c.strided) options.gemv_striding = kForcedStriding;
   passes::ExecPlan plan = passes::fuse(g, options);
   passes::plan_gemv_pair_epilogues(g, plan);
   const ops::GemmPlan* gemm = nullptr;
@@ -464,11 +414,7 @@ TEST(DecodeOps, GateUpProductComputesSiluTimesUp) {
                             PairCase{DType::kFloat16, 3, 16, 256, true, false},
                             PairCase{DType::kFloat32, 1, 40, 256, false, true},
                             // Several chunks of weight loads a row (k > 32 lanes x 8 vectors).
-                            PairCase{DType::kBFloat16, 2, 8, 2048 + 8 * 37, true, false},
-                            // strided: a warp's columns each of one group, and of several
-                            PairCase{DType::kBFloat16, 1, 40, 256, true, false, true},
-                            PairCase{DType::kFloat16, 2, 13, 2048 + 8 * 37, false, false, true},
-                            PairCase{DType::kFloat32, 3, 5, 128, true, false, true}})
+                            PairCase{DType::kBFloat16, 2, 8, 2048 + 8 * 37, true, false}})
     check_gemv_pair(c, index++, rng);
 }
 
@@ -480,12 +426,7 @@ TEST(DecodeOps, RmsNormIsTheMatrixVectorKernelsPrologue) {
                                   NormLinearCase{DType::kFloat16, 3, 17, 512, true, true, false, false},
                                   NormLinearCase{DType::kFloat32, 2, 8, 128, false, false, true, true},
                                   NormLinearCase{DType::kFloat32, 6, 8, 128, false, false, true, false},
-                                  NormLinearCase{DType::kBFloat16, 1, 12, 4096 + 8 * 5, false, false, true, false},
-                                  // strided (the norm once a warp, for several columns), with and without
-                                  // the early loads (odd and even index)
-                                  NormLinearCase{DType::kBFloat16, 1, 40, 1024, false, true, true, false, true},
-                                  NormLinearCase{DType::kFloat16, 2, 23, 2048 + 8 * 40, true, false, true, false, true},
-                                  NormLinearCase{DType::kFloat32, 1, 4, 256, false, false, false, false, true}})
+                                  NormLinearCase{DType::kBFloat16, 1, 12, 4096 + 8 * 5, false, false, true, false}})
     check_norm_linear(c, index++, rng);
 }
 
