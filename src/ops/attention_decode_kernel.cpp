@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "codegen/cuda_dtype.h"
+#include "codegen/grid_dependency.h"
 #include "ops/attention_kernel.h"
 #include "ops/attention_kernel_parts.h"
 
@@ -66,6 +67,27 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
     << "  __shared__ float part[kWarps * kR * (kDv + 2)];  // per warp and row: max, sum, output\n"
     << "  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n";
   emit_bases(s, p);
+  if (p.prefetch_before_wait) {
+    // Every cache row but the current position's is constant during a decode
+    // step, and the kernel before this one (the cache write) is writing that
+    // row now. A prefetch into L2 reads nothing into the kernel: L2 is where
+    // global memory is coherent, so a row written after its prefetch is read
+    // fresh after the wait. The block's key and value rows (each contiguous,
+    // whole 128-byte lines from its start) go to L2 while the predecessor
+    // runs; the scores' loads then hit L2.
+    const int64_t esize = static_cast<int64_t>(engine::dtype_size(p.dtype));
+    const std::string first = p.splits > 1 ? "(long long)blockIdx.x * " + ll(split_keys(p)) : std::string("0LL");
+    const std::string last = p.splits > 1 ? "min(kKeys, " + first + " + " + ll(split_keys(p)) + ")" : "kKeys";
+    s << "#ifdef __CUDA_ARCH__  // a hint: the host tests' build of the kernel leaves it out\n"
+      << "  for (long long n = " << first << " + threadIdx.x; n < " << last << "; n += " << 32 * warps << ") {\n"
+      << "    const char* kr = reinterpret_cast<const char*>(kb + n * " << ll(p.k_strides[2]) << ");\n"
+      << "    const char* vr = reinterpret_cast<const char*>(vb + n * " << ll(p.v_strides[2]) << ");\n"
+      << "    for (int o = 0; o < " << d * esize << "; o += 128) asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(kr + o));\n"
+      << "    for (int o = 0; o < " << dv * esize << "; o += 128) asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(vr + o));\n"
+      << "  }\n"
+      << "#endif\n"
+      << "  " << codegen::grid_dependency_wait() << "\n";
+  }
   s << "  for (int c = threadIdx.x; c < kR * kD; c += " << 32 * warps << ")\n"
     << "    qs[c] = " << load_expr(p.dtype, "qb[(long long)(c / kD) * " + ll(p.q_strides[2]) + " + c % kD]") << ";\n"
     << "  __syncthreads();\n"

@@ -203,6 +203,7 @@ void plan_attention_step(PlanContext& ctx, int node_index) {
     }
   }
   p.splits = attention_decode_splits(p);
+  p.prefetch_before_wait = ctx.options().overlap_launches && attention_is_decode(p);
   if (p.splits > 1) {
     p.partials = ctx.graph().add_scratch(graph.value(node.outputs[0]).name + "_partials", engine::DType::kFloat32,
                                          {p.batch, p.heads, p.splits, p.rows, p.value_dim + 2});

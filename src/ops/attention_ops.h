@@ -62,6 +62,11 @@ struct AttentionPlan : StepPlanBase<AttentionPlan> {
   // 2]); an AttentionCombinePlan step then merges them into `out`.
   int64_t splits = 1;
   int partials = -1;
+  // Decode attention with programmatic launch (OpOptions::overlap_launches):
+  // each block prefetches its keys' and values' cache rows into L2, then
+  // waits for its predecessor (attention_decode_kernel.cpp says why that is
+  // safe while the predecessor writes the cache).
+  bool prefetch_before_wait = false;
 
   std::vector<int> reads() const override;
   int writes() const override { return splits > 1 ? partials : out; }
