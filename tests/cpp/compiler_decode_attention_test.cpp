@@ -26,15 +26,10 @@ namespace {
 using engine::DType;
 using testing::read_elem;
 using testing::round_to;
+using testing::count_of;
 
 std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
   return testing::random_elems(d, count, rng, -3.0f, 3.0f);
-}
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
 }
 
 // A decode plan: `heads` heads of `rows` query rows over `keys` cached keys.

@@ -34,6 +34,7 @@ std::vector<uint8_t> random_bytes(DType d, int64_t count, std::mt19937& rng) {
   return testing::random_elems(d, count, rng, -3.0f, 3.0f);
 }
 using testing::out0;
+using testing::count_of;
 using testing::slice_last;
 using testing::TestLowerContext;
 
@@ -43,12 +44,6 @@ BlockLaunch block_launcher(const std::string& source, const std::string& fn, con
 }
 
 // ---- matrix-vector products ---------------------------------------------------
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
 
 // With overlap_launches a product whose weight is a constant issues its first
 // weight loads above its grid-dependency wait (codegen/grid_dependency.h); a

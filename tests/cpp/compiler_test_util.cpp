@@ -6,6 +6,12 @@ namespace kiln::testing {
 
 int out0(const ir::Graph& g, int node) { return g.nodes()[static_cast<size_t>(node)].outputs[0]; }
 
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
 int slice_last(ir::Graph& g, int x, int64_t start, int64_t end) {
   std::vector<int64_t> s = g.value(x).shape;
   s.back() = end - start;

@@ -20,6 +20,10 @@ ir::Graph make_mlp_graph(int64_t batch, int64_t in, int64_t hidden, int64_t out,
 size_t count_kind(const engine::EngineDesc& d, engine::StepKind kind);
 size_t count_label(const engine::EngineDesc& d, const std::string& label);
 
+// How many times `what` occurs in `text` (a marker in generated source, an
+// instruction in PTX).
+size_t count_of(const std::string& text, const std::string& what);
+
 // The first output of graph node `node`.
 int out0(const ir::Graph& g, int node);
 
