@@ -313,7 +313,10 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         while the previous one still runs; it waits for its predecessor on
         the GPU (programmatic dependent launch), which hides the few
         microseconds of launch latency per kernel that dominate a decode
-        step. False: classic launches (and kernels without the wait).
+        step. A kernel may then start on what does not depend on its
+        predecessor before it waits: a matrix-vector product loads its first
+        weights, a decode attention prefetches its KV-cache rows into L2.
+        False: classic launches (and kernels without the wait).
       debug_dir: when given, the IR after every compiler pass is written to
         <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
       model_id: names this model in its weights' keys in the program's named

@@ -11,10 +11,14 @@
 //
 // A kernel may also start before its wait: where its source places
 // grid_dependency_wait() (a PTX comment that the patch below turns into the
-// wait), the code above the marker reads only constants, and the kernel
+// wait), the code above the marker reads only constants (or prefetches into
+// L2, which reads nothing into the kernel), and the kernel
 // triggers first, then runs that code, then waits. A matrix-vector product
 // does this with its first weight loads (gemv_kernel.cpp), so its weights
-// stream while its predecessor computes. Only such kernels trigger first: when
+// stream while its predecessor computes; a decode attention prefetches its
+// KV-cache rows into L2 there (attention_decode_kernel.cpp: a prefetch reads
+// nothing into the kernel, so the row its predecessor is writing stays
+// safe). Only such kernels trigger first: when
 // every kernel did (measured on an H100, the 410M decode step), products
 // launched several kernels ahead and their loads and waiting blocks slowed the
 // kernels on the critical path (0.662 -> 0.690 ms a step); with only the
@@ -50,7 +54,8 @@ constexpr const char* kGridDependencyWaitMarker = "kiln_grid_dependency_wait";
 
 // The CUDA statement a generated kernel places where its wait belongs (once,
 // in the kernel's own body): above it the kernel may read constants
-// (weights) only, never a tensor that a kernel writes.
+// (weights) only, never a tensor that a kernel writes (an L2 prefetch, which
+// reads nothing into the kernel, may name any tensor).
 std::string grid_dependency_wait();
 
 // `ptx` (NVRTC output for compute_XX, XX < 90 or not) with

@@ -27,7 +27,8 @@ struct OpOptions {
   // kiln.compile's overlap_launches: the sm_90+ cubins' kernels launch while
   // their predecessor runs (codegen/grid_dependency.h), so a kernel may read
   // its constants before it waits (a matrix-vector product's first weight
-  // loads). Set by the compiler from CompileOptions::overlap_launches.
+  // loads; a decode attention's L2 prefetch of its cache rows). Set by the
+  // compiler from CompileOptions::overlap_launches.
   bool overlap_launches = false;
 };
 
