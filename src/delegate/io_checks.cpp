@@ -153,7 +153,6 @@ Error describe_io(const Tensor& t, bool is_input, size_t index, int engine_devic
   return Error::Ok;
 }
 
-
 // The shape variant whose sizes equal the inputs' dims. A size outside its
 // dim's exported range, or one no variant was compiled for, is refused
 // naming the input, the dim and what the program takes (execute() must not

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cinttypes>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,8 +13,6 @@
 
 #include <kiln/caller_stream.h>
 
-#include <executorch/runtime/core/exec_aten/util/dim_order_util.h>
-#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 #include <executorch/runtime/platform/runtime.h>
@@ -35,12 +32,10 @@
 namespace kiln::delegate {
 
 namespace et = executorch::runtime;
-using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
 using et::DelegateHandle;
 using et::Error;
 using et::EValue;
-using kiln::engine::DType;
 
 namespace {
 

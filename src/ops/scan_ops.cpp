@@ -17,7 +17,6 @@ using codegen::ll;
 // float truncated toward zero into an integer, an integer or bool into a
 // float), then summed: into an integer output exactly, in 64 bits; into a
 // float one in float.
-bool integer_output(engine::DType out) { return codegen::is_integer(out); }
 bool is_number(engine::DType d) { return codegen::is_integer(d) || codegen::is_float(d) || d == engine::DType::kBool; }
 
 // The dim normalized into [0, rank) (0 for a 0-d tensor); "" or why not.
@@ -44,7 +43,7 @@ std::string check_cumsum(const OpQuery& q) {
 void CumsumPlan::lower(LowerContext& ctx, engine::Step& step) const {
   const ir::Graph& g = ctx.graph();
   const engine::DType in_dt = g.value(input).dtype, out_dt = g.value(out).dtype;
-  const bool exact = integer_output(out_dt);
+  const bool exact = codegen::is_integer(out_dt);  // an integer output sums exactly
   step.kind = engine::StepKind::kKernel;
   engine::KernelStep& k = step.kernel;
   k.function = ctx.kernel_name("kiln_cumsum");
