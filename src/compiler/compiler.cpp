@@ -393,6 +393,10 @@ const std::vector<Pass>& passes() {
       {"group_launches",
        [](PassState& s, const CompileOptions&, engine::DType) {
          passes::group_launches(s.plan);
+       }},
+      {"gemv_loop_epilogues",
+       [](PassState& s, const CompileOptions&, engine::DType) {
+         passes::plan_gemv_loop_epilogues(s.graph, s.plan);
          check_plan_reads(s.graph, s.plan);
        }},
   };

@@ -1,9 +1,11 @@
 #include "ops/gemm_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ir/graph.h"
 #include "ops/gemv_kernel.h"
+#include "ops/grid_loop.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
 
@@ -231,7 +233,18 @@ std::vector<int> GemmPlan::reads() const {
   if (norm_weight >= 0) r.push_back(norm_weight);
   if (bias >= 0) r.push_back(bias);
   if (c >= 0) r.push_back(c);
+  // Loop members: what they read besides this product's own output.
+  for (const PlannedOp& m : loop_members)
+    for (int v : m.reads())
+      if (v != out && std::find(r.begin(), r.end(), v) == r.end()) r.push_back(v);
   return r;
+}
+
+std::vector<int> GemmPlan::also_writes() const {
+  std::vector<int> w;
+  for (const PlannedOp& m : loop_members)
+    for (int v : m.all_writes()) w.push_back(v);
+  return w;
 }
 
 void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
@@ -255,8 +268,15 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
     step.kind = engine::StepKind::kKernel;
     engine::KernelStep& ks = step.kernel;
     ks.function = ctx.kernel_name("kiln_gemv");
+    std::vector<GridLoop> loops;
+    for (const PlannedOp& m : loop_members) {
+      const auto* member = dynamic_cast<const GridLoopStep*>(m.plan.get());
+      if (member == nullptr) throw CompileError("internal: gemv loop member '" + m.label + "' is not a grid loop");
+      loops.push_back(member->grid_loop(ctx));
+    }
     const GemvKernel gen = generate_gemv_kernel(*this, dtype, ks.function,
-                                                norm_weight >= 0 ? graph.value(norm_weight).dtype : dtype, &graph);
+                                                norm_weight >= 0 ? graph.value(norm_weight).dtype : dtype, &graph,
+                                                &loops);
     ctx.add_source(gen.source);
     ks.grid[0] = gen.grid;
     ks.block[0] = gen.block;
@@ -264,9 +284,11 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
     if (bias >= 0) ks.args.push_back(ctx.tensor_arg(bias));
     if (c >= 0) ks.args.push_back(ctx.tensor_arg(c));
     if (norm_weight >= 0) ks.args.push_back(ctx.tensor_arg(norm_weight));
+    for (const GridLoop& loop : loops)
+      for (const GridLoop::Param& q : loop.params) ks.args.push_back(q.arg);
     return;
   }
-  if (rms_norm || paired) {
+  if (rms_norm || paired || !loop_members.empty()) {
     throw CompileError("internal: a prologue or pair epilogue was planned on a product that is not a matrix-vector "
                        "kernel");
   }

@@ -8,6 +8,7 @@
 #include "codegen/cuda_dtype.h"
 #include "codegen/grid_dependency.h"
 #include "ops/elementwise_kernel.h"
+#include "ops/grid_loop.h"
 #include "ops/step_plan.h"
 
 namespace kiln::ops {
@@ -55,6 +56,14 @@ std::string indented(const std::string& code, const std::string& indent) {
   std::ostringstream out;
   for (std::string line; std::getline(in, line);) out << indent << line << "\n";
   return out.str();
+}
+
+// A parameter declaration without its __restrict__ (a loop member's pointer
+// may alias the product's output, which it reads back).
+std::string without_restrict(std::string decl) {
+  const std::string r = " __restrict__";
+  for (size_t at = decl.find(r); at != std::string::npos; at = decl.find(r)) decl.erase(at, r.size());
+  return decl;
 }
 
 // GemmPlan::early_weights: the first group's loads (`load`, for `base`), and
@@ -171,16 +180,26 @@ bool gemv_applies(const GemmPlan& p, engine::DType dtype) {
 }
 
 GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const std::string& name,
-                                engine::DType norm_weight_dtype, const ir::Graph* graph) {
+                                engine::DType norm_weight_dtype, const ir::Graph* graph,
+                                const std::vector<GridLoop>* loops) {
   const bool pair = p.paired;
   if (pair && graph == nullptr) throw CompileError("internal: a paired gemv kernel needs its graph");
+  // Loop members (GemmPlan::loop_members): a warp owns columns col and
+  // col + kHalf of a block of 2 * kHalf columns, stores both, then runs the
+  // members' iterations that read them.
+  const bool scatter = loops != nullptr && !loops->empty();
+  if (scatter && (pair || p.m != 1 || p.loop_half < 1 || p.n % (2 * p.loop_half) != 0 ||
+                  loops->size() != p.loop_offsets.size()))
+    throw CompileError("internal: a gemv kernel with loop members needs one row, no pair epilogue and whole column "
+                       "blocks");
+  const bool two = pair || scatter;  // two weight rows a warp
   // Paired: a warp owns column `col` of both halves (rows col and col + kHalf
   // of w), the second one's terms in acc2, and stores the elementwise
   // epilogue of the two into out[m, kHalf].
   const engine::DType out_dtype = pair ? graph->value(p.out).dtype : dtype;
   const int64_t vec = 16 / static_cast<int64_t>(engine::dtype_size(dtype));
   const int64_t vecs = p.k / vec;  // 16-byte vectors in one weight row
-  if (wide_shape(p, vecs)) return generate_wide_gemv(p, dtype, name, vec, vecs);
+  if (!scatter && wide_shape(p, vecs)) return generate_wide_gemv(p, dtype, name, vec, vecs);
   // Loads a lane issues before using any: a row's whole chunk when it is
   // short, kGemvGroup at most (registers).
   const int64_t group = std::min<int64_t>(kGemvGroup, (vecs + 31) / 32);
@@ -189,33 +208,41 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   std::ostringstream s;
   s << "// " << name << ": gemv m=" << p.m << " n=" << p.n << " k=" << p.k << "\n"
     << "extern \"C\" __global__ void __launch_bounds__(" << 32 * kGemvWarps << ") " << name << "(\n"
-    << "    " << codegen::storage_type(out_dtype) << "* __restrict__ out, const " << T << "* __restrict__ x, const " << T
-    << "* __restrict__ w";
+    // With loop members `out` is read back through their pointers: no __restrict__ on either.
+    << "    " << codegen::storage_type(out_dtype) << (scatter ? "* out" : "* __restrict__ out") << ", const " << T
+    << "* __restrict__ x, const " << T << "* __restrict__ w";
   if (has_bias) s << ", const " << T << "* __restrict__ bias";
   if (has_c) s << ", const " << T << "* __restrict__ c";
   const bool norm = p.rms_norm, norm_weight = p.rms_norm && p.norm_weight >= 0;
   if (norm_weight) s << ", const " << codegen::storage_type(norm_weight_dtype) << "* __restrict__ nw";
+  // Member j's parameters are m<j>_<name>; its scope binds them back to the names its body uses.
+  if (scatter)
+    for (size_t j = 0; j < loops->size(); ++j)
+      for (const GridLoop::Param& q : (*loops)[j].params)
+        s << ",\n    " << without_restrict(q.decl) << " m" << j << "_" << q.name;
   s << ") {\n"
     << "  constexpr int kM = " << p.m << ", kG = " << group << ", kV = " << vec << ";\n"
     << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs) << ";\n"
-    << "  const int lane = threadIdx.x & 31;\n"
-    << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n";
-  if (pair)
-    s << "  constexpr long long kHalf = " << ll(p.n / 2) << ";\n"
-      << "  if (col >= kHalf) return;\n"
+    << "  const int lane = threadIdx.x & 31;\n";
+  if (two)
+    s << "  constexpr long long kHalf = " << ll(pair ? p.n / 2 : p.loop_half) << ";\n"
+      << "  const long long wi = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n"
+      << "  if (wi >= kN / 2) return;\n"
+      << "  const long long col = (wi / kHalf) * (2 * kHalf) + wi % kHalf;\n"
       << "  const uint4* wr2 = reinterpret_cast<const uint4*>(w + (col + kHalf) * kK);\n";
   else
-    s << "  if (col >= kN) return;\n";
+    s << "  const long long col = (long long)blockIdx.x * " << kGemvWarps << " + (threadIdx.x >> 5);\n"
+      << "  if (col >= kN) return;\n";
   s << "  const uint4* wr = reinterpret_cast<const uint4*>(w + col * kK);\n"
     << "  uint4 wv[kG];\n"
-    << (pair ? "  uint4 wv2[kG];\n" : "");
+    << (two ? "  uint4 wv2[kG];\n" : "");
   // The loads of the group at `base`.
   const std::string load = std::string(
                                "#pragma unroll\n"
                                "for (int g = 0; g < kG; ++g) {\n"
                                "  const long long v = base + 32 * g;\n"
                                "  if (v < kVecs) wv[g] = __ldg(wr + v); else wv[g] = make_uint4(0u, 0u, 0u, 0u);\n") +
-                           (pair ? "  if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n"
+                           (two ? "  if (v < kVecs) wv2[g] = __ldg(wr2 + v); else wv2[g] = make_uint4(0u, 0u, 0u, 0u);\n"
                                  : "") +
                            "}\n";
   if (p.early_weights) emit_early_loads(s, load);
@@ -251,10 +278,10 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
                                                codegen::load_expr(norm_weight_dtype, "nw[v * kV + e]")
                                          : codegen::load_expr(dtype, "xe[e]");
   s << "  float acc[kM];\n"
-    << (pair ? "  float acc2[kM];\n" : "")
+    << (two ? "  float acc2[kM];\n" : "")
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) acc[m] = 0.0f;\n"
-    << (pair ? "  #pragma unroll\n  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : "")
+    << (two ? "  #pragma unroll\n  for (int m = 0; m < kM; ++m) acc2[m] = 0.0f;\n" : "")
     << "  for (long long base = lane; base < kVecs; base += 32 * kG) {\n";
   if (p.early_weights) s << "    if (base != lane) {\n" << indented(load, "      ") << "    }\n";
   else s << indented(load, "    ");
@@ -263,13 +290,13 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "      const long long v = base + 32 * g;\n"
     << "      if (v >= kVecs) break;\n"
     << "      const " << T << "* we = reinterpret_cast<const " << T << "*>(&wv[g]);\n"
-    << (pair ? "      const " + T + "* we2 = reinterpret_cast<const " + T + "*>(&wv2[g]);\n" : std::string())
+    << (two ? "      const " + T + "* we2 = reinterpret_cast<const " + T + "*>(&wv2[g]);\n" : std::string())
     << "      #pragma unroll\n"
     << "      for (int m = 0; m < kM; ++m) {\n"
     << "        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * kK) + v);\n"
     << "        const " << T << "* xe = reinterpret_cast<const " << T << "*>(&xv);\n"
     << "        #pragma unroll\n";
-  if (pair)
+  if (two)
     s << "        for (int e = 0; e < kV; ++e) {\n"
       << "          const float xf = " << x_term << ";\n"
       << "          acc[m] = fmaf(" << codegen::load_expr(dtype, "we[e]") << ", xf, acc[m]);\n"
@@ -286,7 +313,7 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "    float a = acc[m];\n"
     << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"
     << "    acc[m] = a;\n"
-    << (pair ? "    float a2 = acc2[m];\n"
+    << (two ? "    float a2 = acc2[m];\n"
                "    for (int o = 16; o > 0; o >>= 1) a2 += __shfl_xor_sync(0xffffffffu, a2, o);\n"
                "    acc2[m] = a2;\n"
              : "")
@@ -295,7 +322,16 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) {\n"
     << "    float r = acc[m]" << (norm ? " * rs[m]" : "") << ";\n";
-  if (!pair) {
+  if (scatter) {
+    // Both columns stored, then (below) the members' iterations that read them, in this lane:
+    // its own stores are what it reads back.
+    s << "    float r2 = acc2[m]" << (norm ? " * rs[m]" : "") << ";\n";
+    if (has_bias)
+      s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n"
+        << "    r2 += " << codegen::load_expr(dtype, "bias[col + kHalf]") << ";\n";
+    s << "    out[m * kN + col] = " << codegen::store_expr(dtype, "r") << ";\n"
+      << "    out[m * kN + col + kHalf] = " << codegen::store_expr(dtype, "r2") << ";\n";
+  } else if (!pair) {
     emit_plain_store(s, p, dtype, "    ");
   } else {
     if (has_bias) s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
@@ -312,11 +348,22 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
         emit_elementwise_chain(*graph, p.pair_nodes, name_of, "_e", "    ", "kernel '" + name + "'", s);
     s << "    out[m * kHalf + col] = " << codegen::store_expr(out_dtype, last) << ";\n";
   }
-  s << "  }\n"
-    << "}\n";
+  s << "  }\n";
+  if (scatter)
+    for (size_t j = 0; j < loops->size(); ++j) {
+      const GridLoop& loop = (*loops)[j];
+      const int64_t off = p.loop_offsets[j];
+      s << "  if (col >= " << ll(off) << " && col < " << ll(off + loop.count) << ") {  // member " << j << "\n";
+      for (const GridLoop::Param& q : loop.params)
+        s << "    " << without_restrict(q.decl) << " " << q.name << " = m" << j << "_" << q.name << ";\n";
+      for (const char* column : {"col", "col + kHalf"})
+        s << "    {\n      const long long i = " << column << " - " << ll(off) << ";\n" << loop.body << "    }\n";
+      s << "  }\n";
+    }
+  s << "}\n";
   GemvKernel k;
   k.source = s.str();
-  const int64_t columns = pair ? p.n / 2 : p.n;
+  const int64_t columns = two ? p.n / 2 : p.n;
   k.grid = static_cast<uint32_t>((columns + kGemvWarps - 1) / kGemvWarps);
   k.block = 32 * kGemvWarps;
   return k;

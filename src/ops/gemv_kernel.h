@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine_format/engine_desc.h"
 #include "ir/graph.h"
@@ -22,6 +23,7 @@
 namespace kiln::ops {
 
 struct GemmPlan;
+struct GridLoop;
 
 constexpr int64_t kGemvMaxRows = 4;
 
@@ -44,8 +46,12 @@ struct GemvKernel {
 // With plan.paired (`graph` given), a warp computes columns j and j + n/2
 // and stores the elementwise epilogue plan.pair_nodes of the two (as the
 // dtype stores them) into out[m, n/2] (out's dtype: the epilogue's).
+// With `loops` (the plan's loop_members' grid loops, in order), a warp
+// computes columns c and c + plan.loop_half, stores both, and runs the
+// members' iterations of those columns; their parameters follow the
+// kernel's own, member j's named m<j>_<name>.
 GemvKernel generate_gemv_kernel(const GemmPlan& plan, engine::DType dtype, const std::string& name,
                                 engine::DType norm_weight_dtype = engine::DType::kFloat32,
-                                const ir::Graph* graph = nullptr);
+                                const ir::Graph* graph = nullptr, const std::vector<GridLoop>* loops = nullptr);
 
 }  // namespace kiln::ops

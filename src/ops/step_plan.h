@@ -57,6 +57,45 @@ class StepPlanBase : public StepPlan {
   }
 };
 
+// A planned step with its label (the op group, e.g. "addmm+relu"). Copies
+// deep-copy the plan, so passes may edit a copy freely.
+struct PlannedOp {
+  std::string label;
+  std::unique_ptr<StepPlan> plan;
+
+  PlannedOp() = default;
+  PlannedOp(std::string label_in, std::unique_ptr<StepPlan> plan_in)
+      : label(std::move(label_in)), plan(std::move(plan_in)) {}
+  template <class T>
+  PlannedOp(std::string label_in, T p) : label(std::move(label_in)), plan(std::make_unique<T>(std::move(p))) {}
+  PlannedOp(const PlannedOp& other) : label(other.label), plan(other.plan ? other.plan->clone() : nullptr) {}
+  PlannedOp& operator=(const PlannedOp& other) {
+    if (this != &other) {
+      label = other.label;
+      plan = other.plan ? other.plan->clone() : nullptr;
+    }
+    return *this;
+  }
+  PlannedOp(PlannedOp&&) = default;
+  PlannedOp& operator=(PlannedOp&&) = default;
+
+  template <class T>
+  T* as() { return dynamic_cast<T*>(plan.get()); }
+  template <class T>
+  const T* as() const { return dynamic_cast<const T*>(plan.get()); }
+  template <class T>
+  bool is() const { return as<T>() != nullptr; }
+
+  std::vector<int> reads() const { return plan->reads(); }
+  int writes() const { return plan->writes(); }
+  // writes() then also_writes().
+  std::vector<int> all_writes() const {
+    std::vector<int> w{plan->writes()};
+    for (int v : plan->also_writes()) w.push_back(v);
+    return w;
+  }
+};
+
 using codegen::AffineMap;  // codegen/cuda_dtype.h
 
 // out = epilogue(alpha * a @ B + beta * c), B = b or b^T (b_transposed).
@@ -86,6 +125,16 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
   bool paired = false;
   int pair_first = -1, pair_second = -1;
   std::vector<int> pair_nodes;
+  // gemv only: the grid-loop steps (ops/grid_loop.h) that alone read this
+  // product's output, each iteration i of member j one column,
+  // loop_offsets[j] + i, with its rotary partner (a decode layer's q rotary,
+  // k rotary + cache write, v cache write; passes/gemv_loop_epilogue.cpp),
+  // run in the kernel's epilogue: a warp computes columns c and
+  // c + loop_half of a block of 2 * loop_half columns, stores both, then runs
+  // the members' iterations of those two columns. One launch fewer a layer.
+  std::vector<PlannedOp> loop_members;
+  std::vector<int64_t> loop_offsets;
+  int64_t loop_half = 0;
   // gemv only: b is a constant and the kernels launch programmatically
   // (OpOptions::overlap_launches): each lane's first weight loads go above
   // the kernel's grid-dependency wait, while its predecessor still runs.
@@ -93,6 +142,7 @@ struct GemmPlan : StepPlanBase<GemmPlan> {
 
   std::vector<int> reads() const override;
   int writes() const override { return out; }
+  std::vector<int> also_writes() const override;
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };
 
@@ -217,45 +267,6 @@ struct DepthwisePlan : StepPlanBase<DepthwisePlan> {
   std::vector<int> reads() const override;
   int writes() const override { return out; }
   void lower(LowerContext& ctx, engine::Step& step) const override;
-};
-
-// A planned step with its label (the op group, e.g. "addmm+relu"). Copies
-// deep-copy the plan, so passes may edit a copy freely.
-struct PlannedOp {
-  std::string label;
-  std::unique_ptr<StepPlan> plan;
-
-  PlannedOp() = default;
-  PlannedOp(std::string label_in, std::unique_ptr<StepPlan> plan_in)
-      : label(std::move(label_in)), plan(std::move(plan_in)) {}
-  template <class T>
-  PlannedOp(std::string label_in, T p) : label(std::move(label_in)), plan(std::make_unique<T>(std::move(p))) {}
-  PlannedOp(const PlannedOp& other) : label(other.label), plan(other.plan ? other.plan->clone() : nullptr) {}
-  PlannedOp& operator=(const PlannedOp& other) {
-    if (this != &other) {
-      label = other.label;
-      plan = other.plan ? other.plan->clone() : nullptr;
-    }
-    return *this;
-  }
-  PlannedOp(PlannedOp&&) = default;
-  PlannedOp& operator=(PlannedOp&&) = default;
-
-  template <class T>
-  T* as() { return dynamic_cast<T*>(plan.get()); }
-  template <class T>
-  const T* as() const { return dynamic_cast<const T*>(plan.get()); }
-  template <class T>
-  bool is() const { return as<T>() != nullptr; }
-
-  std::vector<int> reads() const { return plan->reads(); }
-  int writes() const { return plan->writes(); }
-  // writes() then also_writes().
-  std::vector<int> all_writes() const {
-    std::vector<int> w{plan->writes()};
-    for (int v : plan->also_writes()) w.push_back(v);
-    return w;
-  }
 };
 
 // What an op's planning sees of the fusion pass (passes/fuse.cpp).

@@ -110,6 +110,12 @@ void split_reductions(ir::Graph& graph, ExecPlan& plan);
 // saved.
 int group_launches(ExecPlan& plan);
 
+// After group_launches: a one-row matrix-vector kernel whose product only
+// the next step reads, grid loops each iteration of which reads one column
+// (a rotary, a KV-cache update), runs them in its epilogue
+// (GemmPlan::loop_members; gemv_loop_epilogue.cpp). Returns the steps removed.
+int plan_gemv_loop_epilogues(const ir::Graph& graph, ExecPlan& plan);
+
 // Lifetime-based placement of activations in one arena.
 struct ArenaRequest {
   uint64_t nbytes = 0;

@@ -43,7 +43,7 @@ endforeach()
 # ops (argmax, the fused rotary embedding, cache update); decode attention;
 # the GEMV kernel; attention writing through the heads merge after it
 # (grouped-query rows).
-foreach(family norm rows decode decode_attention gemv attention_output)
+foreach(family norm rows decode decode_attention gemv gemv_loop attention_output)
   add_executable(kiln_compiler_${family}_tests compiler_${family}_test.cpp compiler_test_util.cpp)
   target_compile_definitions(kiln_compiler_${family}_tests PRIVATE
     KILN_SHIM_HEADER="${CMAKE_CURRENT_SOURCE_DIR}/cuda_host_shim.h"

@@ -64,7 +64,8 @@ def test_export_has_two_methods_sharing_weights_and_state(exported):
 def test_decode_plan_is_fused(tmp_path, dtype):
     """The decode step of a layer: norm, the q|k|v projection, then one
     launch (a launch group) for q's rotary, k's rotary computed by its cache
-    update and v's cache update, attention, ...; argmax on the GPU. In float32 (whose rows are long enough for the
+    update and v's cache update (run by the projection's own kernel when it
+    is a matrix-vector kernel), attention, ...; argmax on the GPU. In float32 (whose rows are long enough for the
     matrix-vector kernel) each norm is the prologue of the product it feeds. In
     bfloat16 the softmax runs in float32 between casts (as HF's eager
     attention writes it), which must still fuse into one attention step
@@ -79,15 +80,20 @@ def test_decode_plan_is_fused(tmp_path, dtype):
     plan = next(tmp_path.glob("partition_0/*_lower.txt")).read_text()
     labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
     layers = lm.config.num_hidden_layers
-    assert labels.count("rotary+rotary_state_update+state_update") == layers, labels
     if dtype == torch.float32:
         # both norms of each layer are the prologue of the product they feed
         # (q|k|v; gate|up, merged although SiLU reads the gate twice, as
         # gate * sigmoid(gate), whose kernel also computes SiLU(gate) * up),
-        # and so is the final one (lm_head)
-        assert labels.count("rms_norm+linear") == layers + 1, labels
+        # and so is the final one (lm_head); the q|k|v kernel runs the
+        # rotary and cache-write launch group in its epilogue
+        assert labels.count("rms_norm+linear+rotary+rotary_state_update+state_update") == layers, labels
+        assert labels.count("rms_norm+linear") == 1, labels
         assert labels.count("rms_norm+linear+sigmoid+mul+mul") == layers, labels
         assert "slice_copy" not in labels
+    else:
+        # bfloat16 rows of 64 are too short for the matrix-vector kernel: the
+        # q|k|v product is cuBLASLt's, and the launch group its own step
+        assert labels.count("rotary+rotary_state_update+state_update") == layers, labels
     assert labels.count("attention") == layers
     assert labels[-1] == "argmax"
     assert not {"cat", "neg", "slice_copy", "softmax", "bmm", "permute_copy", "expand_copy"} & set(labels), labels
