@@ -32,6 +32,10 @@ std::string grid_dependency_wait() {
   return std::string("asm volatile(\"// ") + kGridDependencyWaitMarker + "\" ::: \"memory\");";
 }
 
+std::string grid_dependency_trigger() {
+  return std::string("asm volatile(\"// ") + kGridDependencyTriggerMarker + "\" ::: \"memory\");";
+}
+
 std::string add_grid_dependency(const std::string& ptx) {
   std::vector<std::string> lines;
   {
@@ -45,6 +49,16 @@ std::string add_grid_dependency(const std::string& ptx) {
   };
   auto is_function = [](const std::string& t) { return t.find(".func ") != std::string::npos; };
   auto is_marker = [](const std::string& line) { return line.find(kGridDependencyWaitMarker) != std::string::npos; };
+  auto is_trigger = [](const std::string& line) { return line.find(kGridDependencyTriggerMarker) != std::string::npos; };
+  // Whether the entry declared at line `i` places its trigger.
+  auto triggers_later = [&](size_t i) {
+    for (size_t j = i + 1; j < lines.size(); ++j) {
+      const std::string t = trimmed(lines[j]);
+      if (is_entry(t) || is_function(t)) break;
+      if (is_trigger(lines[j])) return true;
+    }
+    return false;
+  };
   // Whether the entry declared at line `i` places its own wait: a marker
   // before the next entry or function.
   auto marked = [&](size_t i) {
@@ -80,6 +94,11 @@ std::string add_grid_dependency(const std::string& ptx) {
       out << "\tgriddepcontrol.wait;\n";
       continue;
     }
+    if (is_trigger(line)) {
+      if (!in_marked_body) throw CompileError("internal: a grid-dependency trigger marker outside a kernel's body");
+      out << "\tgriddepcontrol.launch_dependents;\n";
+      continue;
+    }
     out << line << "\n";
     if (is_function(t)) in_marked_body = false;
     if (is_entry(t)) {
@@ -93,7 +112,7 @@ std::string add_grid_dependency(const std::string& ptx) {
       // A kernel that places its wait triggers first, so that its successor
       // (a product whose loads run ahead too) may start streaming; any other
       // kernel waits first, which keeps the run-ahead one kernel deep.
-      out << (in_marked_body ? "\tgriddepcontrol.launch_dependents;\n"
+      out << (in_marked_body ? (triggers_later(i) ? "" : "\tgriddepcontrol.launch_dependents;\n")
                              : "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n");
       ++patched;
     }

@@ -51,12 +51,18 @@ constexpr uint32_t kGridDependencyMinSm = 90;
 
 // The text of the wait marker.
 constexpr const char* kGridDependencyWaitMarker = "kiln_grid_dependency_wait";
+// The text of the trigger marker: a kernel that places its wait may also
+// place its trigger (griddepcontrol.launch_dependents) later than its top,
+// so that its successor launches only when this kernel is near its end.
+constexpr const char* kGridDependencyTriggerMarker = "kiln_grid_dependency_trigger";
 
 // The CUDA statement a generated kernel places where its wait belongs (once,
 // in the kernel's own body): above it the kernel may read constants
 // (weights) only, never a tensor that a kernel writes (an L2 prefetch, which
 // reads nothing into the kernel, may name any tensor).
 std::string grid_dependency_wait();
+// The statement placing the trigger (once, after the wait marker).
+std::string grid_dependency_trigger();
 
 // `ptx` (NVRTC output for compute_XX, XX < 90 or not) with
 // griddepcontrol.wait and griddepcontrol.launch_dependents as the first

@@ -307,8 +307,11 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
       << ", acc[m]);\n";
   s << "      }\n"
     << "    }\n"
-    << "  }\n"
-    << "  #pragma unroll\n"
+    << "  }\n";
+  // With loop members (and a placed wait): the successor (a decode step's attention) launches
+  // only once the products are done, so its blocks do not compete with them.
+  if (scatter && p.early_weights) s << "  " << codegen::grid_dependency_trigger() << "\n";
+  s << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) {\n"
     << "    float a = acc[m];\n"
     << "    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);\n"

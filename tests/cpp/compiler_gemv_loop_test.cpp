@@ -13,6 +13,9 @@
 #include "compiler_test_util.h"
 #include "decode_qkv_graph.h"
 #include "host_kernel.h"
+#include "codegen/grid_dependency.h"
+#include "codegen/nvrtc_compiler.h"
+#include "ops/elementwise_kernel.h"
 #include "ops/gemv_kernel.h"
 #include "ops/grid_loop.h"
 #include "passes/passes.h"
@@ -125,6 +128,39 @@ TEST(GemvLoopEpilogue, TheProjectionWritesTheRotaryAndTheCacheRows) {
                         Case{DType::kFloat16, 512, 8, 2, 64, 9, true, true},
                         Case{DType::kBFloat16, 128, 4, 4, 32, 7, true, false}})
     check_projection_runs_the_group(c, index++, rng);
+}
+
+// With programmatic launch the projection triggers its successor (the
+// attention) only after its products, not at its top: in the sm_90 PTX the
+// first weight loads, then the wait, then the trigger, once each.
+TEST(GemvLoopEpilogue, TheTriggerComesAfterTheProducts) {
+  std::mt19937 rng(5);
+  const DType dt = DType::kBFloat16;
+  const int64_t hd = 64, width = (4 + 2 * 2) * hd, k = 256;
+  ir::Graph g;
+  const int x = g.add_input("x", dt, {1, 1, k});
+  const int w = g.add_constant("w", dt, {width, k}, testing::random_elems(dt, width * k, rng, -1.0f, 1.0f));
+  const int qkv = testing::out0(g, g.add_node("aten.linear.default", "qkv", {x, w}, {}, {{dt, {1, 1, width}}}));
+  testing::add_decode_qkv(g, qkv, 4, 2, hd, 16);
+  ASSERT_EQ(passes::fuse_rotary(g), 2);
+  ops::OpOptions options;
+  options.overlap_launches = true;
+  passes::ExecPlan plan = passes::fuse(g, options);
+  passes::group_launches(plan);
+  ASSERT_EQ(passes::plan_gemv_loop_epilogues(g, plan), 1);
+  testing::TestLowerContext ctx(g);
+  engine::Step step;
+  plan.ops[0].plan->lower(ctx, step);
+  const engine::KernelModule module =
+      codegen::compile_module("m", ops::pointwise_prelude() + ctx.source(), {80, 90}, true, {}, true);
+  const std::string patched = codegen::add_grid_dependency(module.ptx);
+  ASSERT_EQ(testing::count_of(patched, "griddepcontrol.wait;"), 1u);
+  ASSERT_EQ(testing::count_of(patched, "griddepcontrol.launch_dependents;"), 1u);
+  const size_t load = patched.find("ld.global.nc"), wait = patched.find("griddepcontrol.wait;");
+  const size_t trigger = patched.find("griddepcontrol.launch_dependents;");
+  EXPECT_LT(load, wait);
+  EXPECT_LT(wait, trigger);
+  EXPECT_NE(patched.find("shfl", trigger), std::string::npos) << "the sums are reduced after the trigger";
 }
 
 // The projection's output read by another step too (here: a graph output)
