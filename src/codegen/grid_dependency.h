@@ -24,7 +24,11 @@
 // kernels on the critical path (0.662 -> 0.690 ms a step); with only the
 // products triggering first the run-ahead stays about one kernel deep (0.662 ->
 // 0.655 ms; benchmarks/micro/gemv_chain_pipelined.cu has the chain of bare
-// products, 0.600 -> 0.505 ms). Triggering first is safe because nothing above
+// products, 0.600 -> 0.505 ms). A kernel that places its wait may also place
+// its trigger (grid_dependency_trigger()): the q|k|v product that writes the
+// rotary and cache rows itself triggers the attention only after its
+// products, since the attention launched early got in its way (0.716 ->
+// 0.643 ms a decode step, H100; docs/design_llm.md). Triggering first is safe because nothing above
 // a wait touches memory that a kernel writes, a successor's blocks launch only
 // once all of this kernel's blocks run, and each wait covers the whole chain
 // before it.

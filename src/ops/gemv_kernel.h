@@ -10,7 +10,9 @@
 // row split over four warps whose partial sums meet in shared memory. Chosen at planning (gemm_ops.cpp) when
 // OpOptions::gemv_kernels is on and gemv_applies() holds. With GemmPlan::early_weights (a constant
 // weight, programmatic launch) each lane's first group of weight loads comes before the kernel's
-// grid-dependency wait (codegen/grid_dependency.h).
+// grid-dependency wait (codegen/grid_dependency.h). With GemmPlan::loop_members (a decode layer's
+// q|k|v: q's rotary and the k and v cache writes) a warp computes a column and its partner half a
+// head away and runs the members' iterations of both; its successor is triggered after the products.
 #pragma once
 
 #include <cstdint>
