@@ -35,19 +35,35 @@ struct Case {
   bool bias, early;
 };
 
-// x [1, 1, k] -> linear (the merged q|k|v weight, a bias optional) -> the decode tail.
+// x [1, 1, k] -> linear (the merged q|k|v weight [width, k], a bias
+// optional) -> the decode tail: the graph's values.
+struct QkvGraph {
+  ir::Graph g;
+  int x = -1, w = -1, bias = -1, qkv = -1;
+  testing::DecodeQkv d;
+};
+void build_qkv(QkvGraph& q, DType dt, int64_t k, int64_t q_heads, int64_t kv_heads, int64_t hd, int64_t slots,
+               bool bias, std::mt19937& rng) {
+  const int64_t width = (q_heads + 2 * kv_heads) * hd;
+  ir::Graph& g = q.g;
+  q.x = g.add_input("x", dt, {1, 1, k});
+  q.w = g.add_constant("w", dt, {width, k}, testing::random_elems(dt, width * k, rng, -1.0f, 1.0f));
+  std::vector<int> inputs{q.x, q.w};
+  if (bias) inputs.push_back(q.bias = g.add_constant("b", dt, {width}, testing::random_elems(dt, width, rng, -1.0f, 1.0f)));
+  q.qkv = testing::out0(g, g.add_node("aten.linear.default", "qkv", inputs, {}, {{dt, {1, 1, width}}}));
+  q.d = testing::add_decode_qkv(g, q.qkv, q_heads, kv_heads, hd, slots);
+}
+
 void check_projection_runs_the_group(const Case& c, int index, std::mt19937& rng) {
   SCOPED_TRACE(std::string(engine::dtype_name(c.dt)) + " k " + std::to_string(c.k) + " q_heads " +
                std::to_string(c.q_heads) + " kv_heads " + std::to_string(c.kv_heads) + " hd " + std::to_string(c.hd) +
                (c.bias ? " bias" : "") + (c.early ? " early weights" : ""));
   const int64_t width = (c.q_heads + 2 * c.kv_heads) * c.hd;
-  ir::Graph g;
-  const int x = g.add_input("x", c.dt, {1, 1, c.k});
-  const int w = g.add_constant("w", c.dt, {width, c.k}, testing::random_elems(c.dt, width * c.k, rng, -1.0f, 1.0f));
-  std::vector<int> inputs{x, w};
-  if (c.bias) inputs.push_back(g.add_constant("b", c.dt, {width}, testing::random_elems(c.dt, width, rng, -1.0f, 1.0f)));
-  const int qkv = testing::out0(g, g.add_node("aten.linear.default", "qkv", inputs, {}, {{c.dt, {1, 1, width}}}));
-  const testing::DecodeQkv d = testing::add_decode_qkv(g, qkv, c.q_heads, c.kv_heads, c.hd, c.slots);
+  QkvGraph q;
+  build_qkv(q, c.dt, c.k, c.q_heads, c.kv_heads, c.hd, c.slots, c.bias, rng);
+  ir::Graph& g = q.g;
+  const int x = q.x, w = q.w, qkv = q.qkv;
+  const testing::DecodeQkv& d = q.d;
   ASSERT_EQ(passes::fuse_rotary(g), 2);
   ops::OpOptions options;
   options.overlap_launches = c.early;
@@ -87,16 +103,10 @@ void check_projection_runs_the_group(const Case& c, int index, std::mt19937& rng
                                    {static_cast<uint32_t>(d.q), b.q.data()},
                                    {static_cast<uint32_t>(d.k_out), b.k_cache.data()},
                                    {static_cast<uint32_t>(d.v_out), b.v_cache.data()}};
-  if (c.bias) buffer[static_cast<uint32_t>(inputs[2])] = const_cast<uint8_t*>(g.value(inputs[2]).data.data());
-  std::vector<void*> pointers;
-  for (const engine::KernelArg& a : step.kernel.args) {
-    ASSERT_EQ(a.kind, engine::KernelArgKind::kTensor);
-    auto it = buffer.find(a.tensor);
-    ASSERT_NE(it, buffer.end()) << "argument names value " << g.value(static_cast<int>(a.tensor)).name;
-    pointers.push_back(it->second);
-  }
-  std::vector<void*> args;
-  for (void*& p : pointers) args.push_back(&p);
+  if (c.bias) buffer[static_cast<uint32_t>(q.bias)] = const_cast<uint8_t*>(g.value(q.bias).data.data());
+  std::vector<void*> pointers, args;
+  testing::kernel_args(g, step.kernel, buffer, pointers, args);
+  if (::testing::Test::HasFatalFailure()) return;
   launch(args.data(), step.kernel.grid[0], step.kernel.block[0]);
 
   // The projection itself, against a double reference; then the tail from
@@ -111,7 +121,7 @@ void check_projection_runs_the_group(const Case& c, int index, std::mt19937& rng
       want += t;
       mag += std::fabs(t);
     }
-    if (c.bias) want += testing::read_elem(c.dt, g.value(inputs[2]).data, static_cast<size_t>(j));
+    if (c.bias) want += testing::read_elem(c.dt, g.value(q.bias).data, static_cast<size_t>(j));
     want = testing::round_to(c.dt, want);
     ASSERT_NEAR(testing::read_elem(c.dt, qkv_b, static_cast<size_t>(j)), want, tol * (1.0 + std::fabs(want)) + 1e-6 * mag)
         << "column " << j;
@@ -135,13 +145,9 @@ TEST(GemvLoopEpilogue, TheProjectionWritesTheRotaryAndTheCacheRows) {
 // first weight loads, then the wait, then the trigger, once each.
 TEST(GemvLoopEpilogue, TheTriggerComesAfterTheProducts) {
   std::mt19937 rng(5);
-  const DType dt = DType::kBFloat16;
-  const int64_t hd = 64, width = (4 + 2 * 2) * hd, k = 256;
-  ir::Graph g;
-  const int x = g.add_input("x", dt, {1, 1, k});
-  const int w = g.add_constant("w", dt, {width, k}, testing::random_elems(dt, width * k, rng, -1.0f, 1.0f));
-  const int qkv = testing::out0(g, g.add_node("aten.linear.default", "qkv", {x, w}, {}, {{dt, {1, 1, width}}}));
-  testing::add_decode_qkv(g, qkv, 4, 2, hd, 16);
+  QkvGraph q;
+  build_qkv(q, DType::kBFloat16, 256, 4, 2, 64, 16, false, rng);
+  ir::Graph& g = q.g;
   ASSERT_EQ(passes::fuse_rotary(g), 2);
   ops::OpOptions options;
   options.overlap_launches = true;
@@ -167,14 +173,10 @@ TEST(GemvLoopEpilogue, TheTriggerComesAfterTheProducts) {
 // keeps the launch group.
 TEST(GemvLoopEpilogue, ASecondReaderKeepsTheLaunchGroup) {
   std::mt19937 rng(3);
-  const DType dt = DType::kBFloat16;
-  const int64_t hd = 32, width = (2 + 2 * 2) * hd, k = 128;
-  ir::Graph g;
-  const int x = g.add_input("x", dt, {1, 1, k});
-  const int w = g.add_constant("w", dt, {width, k}, testing::random_elems(dt, width * k, rng, -1.0f, 1.0f));
-  const int qkv = testing::out0(g, g.add_node("aten.linear.default", "qkv", {x, w}, {}, {{dt, {1, 1, width}}}));
-  const testing::DecodeQkv d = testing::add_decode_qkv(g, qkv, 2, 2, hd, 8);
-  g.set_outputs({d.q, qkv});
+  QkvGraph q;
+  build_qkv(q, DType::kBFloat16, 128, 2, 2, 32, 8, false, rng);
+  ir::Graph& g = q.g;
+  g.set_outputs({q.d.q, q.qkv});
   ASSERT_EQ(passes::fuse_rotary(g), 2);
   passes::ExecPlan plan = passes::fuse(g);
   passes::group_launches(plan);

@@ -61,15 +61,9 @@ void check_grouped_decode_qkv(DType dt, int64_t q_heads, int64_t kv_heads, int64
                                          {static_cast<uint32_t>(d.cos), b.cos.data()}, {static_cast<uint32_t>(d.sin), b.sin.data()},
                                          {static_cast<uint32_t>(d.q), b.q.data()}, {static_cast<uint32_t>(d.k_out), b.k_cache.data()},
                                          {static_cast<uint32_t>(d.v_out), b.v_cache.data()}};
-  std::vector<void*> pointers;
-  for (const engine::KernelArg& a : step.kernel.args) {
-    ASSERT_EQ(a.kind, engine::KernelArgKind::kTensor);
-    auto it = buffer.find(a.tensor);
-    ASSERT_NE(it, buffer.end()) << "argument names value " << g.value(static_cast<int>(a.tensor)).name;
-    pointers.push_back(it->second);
-  }
-  std::vector<void*> args;
-  for (void*& p : pointers) args.push_back(&p);
+  std::vector<void*> pointers, args;
+  testing::kernel_args(g, step.kernel, buffer, pointers, args);
+  if (::testing::Test::HasFatalFailure()) return;
   testing::run_host_kernel(ctx.source(), step.kernel.function, "launch_group", args.data(), step.kernel.grid[0],
                            step.kernel.block[0], KILN_SHIM_HEADER);
   testing::check_decode_qkv(d, dt, qkv_b, b);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "compiler_test_util.h"
@@ -71,6 +72,22 @@ inline DecodeQkv add_decode_qkv(ir::Graph& g, int qkv, int64_t q_heads, int64_t 
   d.v_out = cache_write(g, vc, d.pos, decode_heads_of(g, qkv, q_heads + kv_heads, kv_heads, hd));
   g.set_outputs({d.q});
   return d;
+}
+
+// The kernel arguments of `kernel` (graph value ids, TestLowerContext) as
+// pointers into `buffer`, and the argument array a launch takes (pointing at
+// `pointers`); a value without a buffer fails the test.
+inline void kernel_args(const ir::Graph& g, const engine::KernelStep& kernel, const std::map<uint32_t, void*>& buffer,
+                        std::vector<void*>& pointers, std::vector<void*>& args) {
+  pointers.clear();
+  for (const engine::KernelArg& a : kernel.args) {
+    ASSERT_EQ(a.kind, engine::KernelArgKind::kTensor);
+    auto it = buffer.find(a.tensor);
+    ASSERT_NE(it, buffer.end()) << "argument names value " << g.value(static_cast<int>(a.tensor)).name;
+    pointers.push_back(it->second);
+  }
+  args.clear();
+  for (void*& p : pointers) args.push_back(&p);
 }
 
 // Buffers for the tail: random cos, sin and caches (kept as they were before
