@@ -52,12 +52,14 @@ std::string add_grid_dependency(const std::string& ptx) {
   auto is_trigger = [](const std::string& line) { return line.find(kGridDependencyTriggerMarker) != std::string::npos; };
   // Whether the entry declared at line `i` places its trigger.
   auto triggers_later = [&](size_t i) {
+    int triggers = 0;
     for (size_t j = i + 1; j < lines.size(); ++j) {
       const std::string t = trimmed(lines[j]);
       if (is_entry(t) || is_function(t)) break;
-      if (is_trigger(lines[j])) return true;
+      if (is_trigger(lines[j])) ++triggers;
     }
-    return false;
+    if (triggers > 1) throw CompileError("internal: a PTX .entry has more than one grid-dependency trigger marker");
+    return triggers == 1;
   };
   // Whether the entry declared at line `i` places its own wait: a marker
   // before the next entry or function.

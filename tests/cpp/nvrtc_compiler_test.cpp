@@ -155,6 +155,38 @@ TEST(GridDependency, AMarkerPlacesTheWait) {
   EXPECT_EQ(plain_text.compare(body + 2, top.size(), top), 0);
 }
 
+// A kernel that places its wait may place its trigger too: no trigger at the
+// top, the wait where its marker is, the trigger where its marker is. A
+// trigger marker without a wait marker, or two in one entry, is refused.
+TEST(GridDependency, ATriggerMarkerPlacesTheTrigger) {
+  const std::string source =
+      "extern \"C\" __global__ void late(const float* __restrict__ w, const float* x, float* out) {\n"
+      "  const float a = __ldg(w + threadIdx.x);\n"
+      "  " + grid_dependency_wait() + "\n"
+      "  const float b = a * x[threadIdx.x];\n"
+      "  " + grid_dependency_trigger() + "\n"
+      "  out[threadIdx.x] = b;\n"
+      "}\n";
+  engine::KernelModule m = compile_module("m", source, {80, 90}, true, {}, true);
+  const std::string patched = add_grid_dependency(m.ptx);
+  EXPECT_EQ(count(patched, kGridDependencyTriggerMarker), 0u);
+  ASSERT_EQ(count(patched, "griddepcontrol.wait;"), 1u);
+  ASSERT_EQ(count(patched, "griddepcontrol.launch_dependents;"), 1u);
+  const size_t load = patched.find("ld.global.nc"), wait = patched.find("griddepcontrol.wait;");
+  const size_t trigger = patched.find("griddepcontrol.launch_dependents;"), store = patched.find("st.global");
+  ASSERT_NE(load, std::string::npos);
+  ASSERT_NE(store, std::string::npos);
+  EXPECT_LT(load, wait);
+  EXPECT_LT(wait, trigger);
+  EXPECT_LT(trigger, store);
+  const std::string wait_marker = std::string("\t// ") + kGridDependencyWaitMarker + "\n";
+  const std::string trigger_marker = std::string("\t// ") + kGridDependencyTriggerMarker + "\n";
+  const std::string head = ".version 9.0\n.target sm_80\n.visible .entry k(\n)\n{\n";
+  EXPECT_THROW(add_grid_dependency(head + trigger_marker + "\tret;\n}\n"), CompileError);
+  EXPECT_THROW(add_grid_dependency(head + wait_marker + trigger_marker + trigger_marker + "\tret;\n}\n"),
+               CompileError);
+}
+
 TEST(GridDependency, RefusesTextThatIsNotNvrtcPtx) {
   const std::string marker = std::string("\t// ") + kGridDependencyWaitMarker + "\n";
   // A marker before any entry, and two in one entry.
