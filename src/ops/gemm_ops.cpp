@@ -269,11 +269,7 @@ void GemmPlan::lower(LowerContext& ctx, engine::Step& step) const {
     engine::KernelStep& ks = step.kernel;
     ks.function = ctx.kernel_name("kiln_gemv");
     std::vector<GridLoop> loops;
-    for (const PlannedOp& m : loop_members) {
-      const auto* member = dynamic_cast<const GridLoopStep*>(m.plan.get());
-      if (member == nullptr) throw CompileError("internal: gemv loop member '" + m.label + "' is not a grid loop");
-      loops.push_back(member->grid_loop(ctx));
-    }
+    for (const PlannedOp& m : loop_members) loops.push_back(grid_loop_step(m).grid_loop(ctx));
     const GemvKernel gen = generate_gemv_kernel(*this, dtype, ks.function,
                                                 norm_weight >= 0 ? graph.value(norm_weight).dtype : dtype, &graph,
                                                 &loops);

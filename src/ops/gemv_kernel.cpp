@@ -58,14 +58,6 @@ std::string indented(const std::string& code, const std::string& indent) {
   return out.str();
 }
 
-// A parameter declaration without its __restrict__ (a loop member's pointer
-// may alias the product's output, which it reads back).
-std::string without_restrict(std::string decl) {
-  const std::string r = " __restrict__";
-  for (size_t at = decl.find(r); at != std::string::npos; at = decl.find(r)) decl.erase(at, r.size());
-  return decl;
-}
-
 // GemmPlan::early_weights: the first group's loads (`load`, for `base`), and
 // then the kernel's grid-dependency wait (codegen/grid_dependency.h): the
 // weights are constants, so they are read while the predecessor still runs.
@@ -215,11 +207,11 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
   if (has_c) s << ", const " << T << "* __restrict__ c";
   const bool norm = p.rms_norm, norm_weight = p.rms_norm && p.norm_weight >= 0;
   if (norm_weight) s << ", const " << codegen::storage_type(norm_weight_dtype) << "* __restrict__ nw";
-  // Member j's parameters are m<j>_<name>; its scope binds them back to the names its body uses.
+  // Member j's parameters (m<j>_<name>, without __restrict__: they read back `out`); its scope
+  // binds them back to the names its body uses.
   if (scatter)
     for (size_t j = 0; j < loops->size(); ++j)
-      for (const GridLoop::Param& q : (*loops)[j].params)
-        s << ",\n    " << without_restrict(q.decl) << " m" << j << "_" << q.name;
+      for (const std::string& decl : grid_loop_member_params((*loops)[j], j, false)) s << ",\n    " << decl;
   s << ") {\n"
     << "  constexpr int kM = " << p.m << ", kG = " << group << ", kV = " << vec << ";\n"
     << "  constexpr long long kN = " << ll(p.n) << ", kK = " << ll(p.k) << ", kVecs = " << ll(vecs) << ";\n"
@@ -325,23 +317,23 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
     << "  #pragma unroll\n"
     << "  for (int m = 0; m < kM; ++m) {\n"
     << "    float r = acc[m]" << (norm ? " * rs[m]" : "") << ";\n";
-  if (scatter) {
-    // Both columns stored, then (below) the members' iterations that read them, in this lane:
-    // its own stores are what it reads back.
+  if (two) {
+    // The warp's second column too, each with its bias.
     s << "    float r2 = acc2[m]" << (norm ? " * rs[m]" : "") << ";\n";
     if (has_bias)
       s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n"
         << "    r2 += " << codegen::load_expr(dtype, "bias[col + kHalf]") << ";\n";
+  }
+  if (scatter) {
+    // Both columns stored, then (below) the members' iterations that read them, in this lane:
+    // its own stores are what it reads back.
     s << "    out[m * kN + col] = " << codegen::store_expr(dtype, "r") << ";\n"
       << "    out[m * kN + col + kHalf] = " << codegen::store_expr(dtype, "r2") << ";\n";
   } else if (!pair) {
     emit_plain_store(s, p, dtype, "    ");
   } else {
-    if (has_bias) s << "    r += " << codegen::load_expr(dtype, "bias[col]") << ";\n";
     // The two halves as the product's dtype stores them (what the separate
     // elementwise kernel read), then its arithmetic.
-    s << "    float r2 = acc2[m]" << (norm ? " * rs[m]" : "") << ";\n";
-    if (has_bias) s << "    r2 += " << codegen::load_expr(dtype, "bias[col + kHalf]") << ";\n";
     s << "    const " << T << " q1 = " << codegen::store_expr(dtype, "r") << ";\n"
       << "    const " << T << " q2 = " << codegen::store_expr(dtype, "r2") << ";\n"
       << "    const float h1 = " << codegen::load_expr(dtype, "q1") << ", h2 = " << codegen::load_expr(dtype, "q2")
@@ -357,8 +349,7 @@ GemvKernel generate_gemv_kernel(const GemmPlan& p, engine::DType dtype, const st
       const GridLoop& loop = (*loops)[j];
       const int64_t off = p.loop_offsets[j];
       s << "  if (col >= " << ll(off) << " && col < " << ll(off + loop.count) << ") {  // member " << j << "\n";
-      for (const GridLoop::Param& q : loop.params)
-        s << "    " << without_restrict(q.decl) << " " << q.name << " = m" << j << "_" << q.name << ";\n";
+      s << grid_loop_member_bindings(loop, j, "    ", false);
       for (const char* column : {"col", "col + kHalf"})
         s << "    {\n      const long long i = " << column << " - " << ll(off) << ";\n" << loop.body << "    }\n";
       s << "  }\n";

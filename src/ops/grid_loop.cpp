@@ -11,10 +11,12 @@ namespace {
 
 using codegen::ll;
 
-const GridLoopStep& loop_step(const PlannedOp& op) {
-  const auto* s = dynamic_cast<const GridLoopStep*>(op.plan.get());
-  if (s == nullptr) throw CompileError("internal: launch group member '" + op.label + "' is not a grid loop");
-  return *s;
+// `decl` without __restrict__ when `keep` is false.
+std::string restricted(std::string decl, bool keep) {
+  const std::string r = " __restrict__";
+  if (!keep)
+    for (size_t at = decl.find(r); at != std::string::npos; at = decl.find(r)) decl.erase(at, r.size());
+  return decl;
 }
 
 // The loop over iterations [0, count) by `blocks` blocks, the first at block `first`.
@@ -26,6 +28,29 @@ void emit_loop(std::ostringstream& s, const GridLoop& loop, const std::string& b
 }
 
 }  // namespace
+
+bool is_grid_loop(const PlannedOp& op) { return dynamic_cast<const GridLoopStep*>(op.plan.get()) != nullptr; }
+
+const GridLoopStep& grid_loop_step(const PlannedOp& op) {
+  const auto* s = dynamic_cast<const GridLoopStep*>(op.plan.get());
+  if (s == nullptr) throw CompileError("internal: step '" + op.label + "' is not a grid loop");
+  return *s;
+}
+
+std::vector<std::string> grid_loop_member_params(const GridLoop& loop, size_t member, bool keep_restrict) {
+  std::vector<std::string> decls;
+  for (const GridLoop::Param& p : loop.params)
+    decls.push_back(restricted(p.decl, keep_restrict) + " m" + std::to_string(member) + "_" + p.name);
+  return decls;
+}
+
+std::string grid_loop_member_bindings(const GridLoop& loop, size_t member, const std::string& indent,
+                                      bool keep_restrict) {
+  std::ostringstream s;
+  for (const GridLoop::Param& p : loop.params)
+    s << indent << restricted(p.decl, keep_restrict) << " " << p.name << " = m" << member << "_" << p.name << ";\n";
+  return s.str();
+}
 
 uint32_t grid_loop_blocks(int64_t count) {
   return static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(1, (count + kGridLoopBlock - 1) / kGridLoopBlock), 65536));
@@ -72,26 +97,26 @@ void LaunchGroupPlan::lower(LowerContext& ctx, engine::Step& step) const {
   engine::KernelStep& k = step.kernel;
   k.function = ctx.kernel_name("kiln_launch_group");
   std::vector<GridLoop> loops;
-  for (const PlannedOp& m : members) loops.push_back(loop_step(m).grid_loop(ctx));
+  for (const PlannedOp& m : members) loops.push_back(grid_loop_step(m).grid_loop(ctx));
   std::ostringstream s;
   // Member m's parameters are m<m>_<name>; its block range binds them back
   // to the names its body uses.
   s << "extern \"C\" __global__ void __launch_bounds__(" << kGridLoopBlock << ") " << k.function << "(";
   bool first_param = true;
   k.args.clear();
-  for (size_t m = 0; m < loops.size(); ++m)
-    for (const GridLoop::Param& p : loops[m].params) {
-      s << (first_param ? "\n    " : ",\n    ") << p.decl << " m" << m << "_" << p.name;
+  for (size_t m = 0; m < loops.size(); ++m) {
+    for (const std::string& decl : grid_loop_member_params(loops[m], m, true)) {
+      s << (first_param ? "\n    " : ",\n    ") << decl;
       first_param = false;
-      k.args.push_back(p.arg);
     }
+    for (const GridLoop::Param& p : loops[m].params) k.args.push_back(p.arg);
+  }
   s << ") {\n  const long long b = blockIdx.x;\n";
   int64_t first = 0;
   for (size_t m = 0; m < loops.size(); ++m) {
     const int64_t blocks = grid_loop_blocks(loops[m].count);
-    s << "  if (b < " << ll(first + blocks) << ") {  // " << members[m].label << "\n";
-    for (const GridLoop::Param& p : loops[m].params)
-      s << "    " << p.decl << " " << p.name << " = m" << m << "_" << p.name << ";\n";
+    s << "  if (b < " << ll(first + blocks) << ") {  // " << members[m].label << "\n"
+      << grid_loop_member_bindings(loops[m], m, "    ", true);
     emit_loop(s, loops[m], first ? "b - " + ll(first) : "b", blocks, "    ");
     s << "    return;\n  }\n";
     first += blocks;

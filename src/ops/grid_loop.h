@@ -36,6 +36,18 @@ class GridLoopStep {
   virtual GridLoop grid_loop(LowerContext& ctx) const = 0;
 };
 
+// Whether `op` is a GridLoopStep; the step itself (CompileError when not).
+bool is_grid_loop(const PlannedOp& op);
+const GridLoopStep& grid_loop_step(const PlannedOp& op);
+
+// A kernel that runs several loops names member m's parameters m<m>_<name>:
+// their declarations, and the lines (each after `indent`) that bind them back
+// to the names the member's body uses. Without `keep_restrict` neither has
+// __restrict__ (a member's pointer may alias the kernel's own output).
+std::vector<std::string> grid_loop_member_params(const GridLoop& loop, size_t member, bool keep_restrict);
+std::string grid_loop_member_bindings(const GridLoop& loop, size_t member, const std::string& indent,
+                                      bool keep_restrict);
+
 // Blocks of kGridLoopBlock threads for `count` iterations (at least 1, at
 // most 65536; the loop strides over the rest).
 uint32_t grid_loop_blocks(int64_t count);

@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "ir/graph.h"
 #include "ops/step_plan.h"
 
 namespace kiln::passes {
@@ -30,5 +31,14 @@ struct ExecPlan {
     return it == alias_of.end() ? value : it->second;
   }
 };
+
+// Per storage (value id): whether it must hold its values after the plan
+// runs, as a graph output or a state's update.
+std::vector<bool> kept_storage(const ir::Graph& graph, const ExecPlan& plan);
+
+// The one step reading `storage` besides step `producer` and the steps
+// `skip` marks (empty: none): its index; -1 when no step reads it, -2 when
+// several do.
+int sole_step_reader(const ExecPlan& plan, size_t producer, int storage, const std::vector<bool>& skip = {});
 
 }  // namespace kiln::passes

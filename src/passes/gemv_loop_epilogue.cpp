@@ -55,8 +55,7 @@ std::optional<MemberRead> member_read(const ir::Graph& graph, const ExecPlan& pl
 }  // namespace
 
 int plan_gemv_loop_epilogues(const ir::Graph& graph, ExecPlan& plan) {
-  std::vector<bool> is_output(graph.values().size(), false);
-  for (int id : graph.outputs()) is_output[static_cast<size_t>(plan.storage_of(id))] = true;
+  const std::vector<bool> is_output = kept_storage(graph, plan);
   std::vector<bool> remove(plan.ops.size(), false);
   int fused = 0;
   for (size_t i = 0; i + 1 < plan.ops.size(); ++i) {
@@ -67,17 +66,12 @@ int plan_gemv_loop_epilogues(const ir::Graph& graph, ExecPlan& plan) {
     const int storage = plan.storage_of(g->out);
     if (is_output[static_cast<size_t>(storage)]) continue;
     // Only the next step reads the product.
-    bool others = false;
-    for (size_t j = 0; j < plan.ops.size() && !others; ++j) {
-      if (j == i || j == i + 1) continue;
-      for (int r : plan.ops[j].reads()) others = others || plan.storage_of(r) == storage;
-    }
-    if (others) continue;
+    if (sole_step_reader(plan, i, storage, remove) != static_cast<int>(i + 1)) continue;
     ops::PlannedOp& next = plan.ops[i + 1];
     std::vector<ops::PlannedOp> members;
     if (const auto* group = next.as<ops::LaunchGroupPlan>())
       members = group->members;
-    else if (dynamic_cast<const ops::GridLoopStep*>(next.plan.get()) != nullptr)
+    else if (ops::is_grid_loop(next))
       members.push_back(next);
     else
       continue;

@@ -30,10 +30,7 @@ bool reads_half(const AffineMap& map, const std::vector<int64_t>& out, int64_t n
 }  // namespace
 
 void plan_gemv_pair_epilogues(const ir::Graph& graph, ExecPlan& plan) {
-  std::vector<bool> is_output(graph.values().size(), false);
-  for (int id : graph.outputs()) is_output[static_cast<size_t>(plan.storage_of(id))] = true;
-  for (const ir::State& st : graph.states())
-    if (st.update >= 0) is_output[static_cast<size_t>(plan.storage_of(st.update))] = true;
+  const std::vector<bool> is_output = kept_storage(graph, plan);
   std::vector<bool> viewed(graph.values().size(), false);  // storage some view aliases
   for (const auto& [view, root] : plan.alias_of) viewed[static_cast<size_t>(root)] = true;
   std::vector<bool> remove(plan.ops.size(), false);
@@ -45,17 +42,8 @@ void plan_gemv_pair_epilogues(const ir::Graph& graph, ExecPlan& plan) {
     const int storage = plan.storage_of(g->out);
     if (is_output[static_cast<size_t>(storage)] || viewed[static_cast<size_t>(storage)]) continue;
     // The one step reading the product.
-    int reader = -1;
-    bool several = false;
-    for (size_t j = 0; j < plan.ops.size() && !several; ++j) {
-      if (j == i || remove[j]) continue;
-      for (int r : plan.ops[j].reads())
-        if (plan.storage_of(r) == storage) {
-          several = reader >= 0 && reader != static_cast<int>(j);
-          reader = static_cast<int>(j);
-        }
-    }
-    if (several || reader <= static_cast<int>(i)) continue;
+    const int reader = sole_step_reader(plan, i, storage, remove);
+    if (reader <= static_cast<int>(i)) continue;
     const ops::PointwisePlan* p = plan.ops[static_cast<size_t>(reader)].as<ops::PointwisePlan>();
     if (p == nullptr || p->nodes.empty() || !p->iter_shape.empty() || p->inputs.size() != 2 || p->strided.size() != 2)
       continue;

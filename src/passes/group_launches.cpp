@@ -14,7 +14,6 @@ namespace {
 // parameter list short.
 constexpr size_t kMaxMembers = 8;
 
-bool is_grid_loop(const PlannedOp& op) { return dynamic_cast<const ops::GridLoopStep*>(op.plan.get()) != nullptr; }
 
 std::set<int> storages(const ExecPlan& plan, const std::vector<int>& values) {
   std::set<int> s;
@@ -53,7 +52,7 @@ int group_launches(ExecPlan& plan) {
     group_writes.clear();
   };
   for (PlannedOp& op : plan.ops) {
-    if (!is_grid_loop(op)) {
+    if (!ops::is_grid_loop(op)) {
       flush();
       out.push_back(std::move(op));
       continue;
