@@ -48,29 +48,20 @@ std::string add_grid_dependency(const std::string& ptx) {
            (starts_with(t, ".entry") || starts_with(t, ".visible") || starts_with(t, ".weak"));
   };
   auto is_function = [](const std::string& t) { return t.find(".func ") != std::string::npos; };
-  auto is_marker = [](const std::string& line) { return line.find(kGridDependencyWaitMarker) != std::string::npos; };
-  auto is_trigger = [](const std::string& line) { return line.find(kGridDependencyTriggerMarker) != std::string::npos; };
-  // Whether the entry declared at line `i` places its trigger.
-  auto triggers_later = [&](size_t i) {
-    int triggers = 0;
-    for (size_t j = i + 1; j < lines.size(); ++j) {
-      const std::string t = trimmed(lines[j]);
-      if (is_entry(t) || is_function(t)) break;
-      if (is_trigger(lines[j])) ++triggers;
-    }
-    if (triggers > 1) throw CompileError("internal: a PTX .entry has more than one grid-dependency trigger marker");
-    return triggers == 1;
-  };
-  // Whether the entry declared at line `i` places its own wait: a marker
-  // before the next entry or function.
-  auto marked = [&](size_t i) {
+  auto has = [](const std::string& line, const char* marker) { return line.find(marker) != std::string::npos; };
+  auto is_marker = [&](const std::string& line) { return has(line, kGridDependencyWaitMarker); };
+  auto is_trigger = [&](const std::string& line) { return has(line, kGridDependencyTriggerMarker); };
+  // Whether the entry declared at line `i` has `marker` (its wait or its
+  // trigger) before the next entry or function; more than one is refused.
+  auto places = [&](size_t i, const char* marker, const char* what) {
     int markers = 0;
     for (size_t j = i + 1; j < lines.size(); ++j) {
       const std::string t = trimmed(lines[j]);
       if (is_entry(t) || is_function(t)) break;
-      if (is_marker(lines[j])) ++markers;
+      if (has(lines[j], marker)) ++markers;
     }
-    if (markers > 1) throw CompileError("internal: a PTX .entry has more than one grid-dependency wait marker");
+    if (markers > 1)
+      throw CompileError(std::string("internal: a PTX .entry has more than one grid-dependency ") + what + " marker");
     return markers == 1;
   };
   std::ostringstream out;
@@ -110,11 +101,11 @@ std::string add_grid_dependency(const std::string& ptx) {
       ++entries;
     } else if (in_entry_header && t == "{") {
       in_entry_header = false;
-      in_marked_body = marked(i);
+      in_marked_body = places(i, kGridDependencyWaitMarker, "wait");
       // A kernel that places its wait triggers first, so that its successor
       // (a product whose loads run ahead too) may start streaming; any other
       // kernel waits first, which keeps the run-ahead one kernel deep.
-      out << (in_marked_body ? (triggers_later(i) ? "" : "\tgriddepcontrol.launch_dependents;\n")
+      out << (in_marked_body ? (places(i, kGridDependencyTriggerMarker, "trigger") ? "" : "\tgriddepcontrol.launch_dependents;\n")
                              : "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n");
       ++patched;
     }

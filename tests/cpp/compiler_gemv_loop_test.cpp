@@ -96,13 +96,8 @@ void check_projection_runs_the_group(const Case& c, int index, std::mt19937& rng
   testing::DecodeQkvBuffers b = testing::decode_qkv_buffers(d, c.dt, rng);
   std::map<uint32_t, void*> buffer{{static_cast<uint32_t>(x), x_b.data()},
                                    {static_cast<uint32_t>(w), const_cast<uint8_t*>(g.value(w).data.data())},
-                                   {static_cast<uint32_t>(qkv), qkv_b.data()},
-                                   {static_cast<uint32_t>(d.pos), b.pos.data()},
-                                   {static_cast<uint32_t>(d.cos), b.cos.data()},
-                                   {static_cast<uint32_t>(d.sin), b.sin.data()},
-                                   {static_cast<uint32_t>(d.q), b.q.data()},
-                                   {static_cast<uint32_t>(d.k_out), b.k_cache.data()},
-                                   {static_cast<uint32_t>(d.v_out), b.v_cache.data()}};
+                                   {static_cast<uint32_t>(qkv), qkv_b.data()}};
+  testing::add_decode_qkv_buffers(buffer, d, b);
   if (c.bias) buffer[static_cast<uint32_t>(q.bias)] = const_cast<uint8_t*>(g.value(q.bias).data.data());
   std::vector<void*> pointers, args;
   testing::kernel_args(g, step.kernel, buffer, pointers, args);

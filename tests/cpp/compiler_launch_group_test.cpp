@@ -56,11 +56,9 @@ void check_grouped_decode_qkv(DType dt, int64_t q_heads, int64_t kv_heads, int64
   std::vector<uint8_t> qkv_b = testing::random_elems(dt, width, rng, -2.0f, 2.0f);
   testing::DecodeQkvBuffers b = testing::decode_qkv_buffers(d, dt, rng);
   // The kernel's arguments are graph value ids (TestLowerContext): each names
-  // one of the buffers; the updates' results are the caches' storage.
-  const std::map<uint32_t, void*> buffer{{static_cast<uint32_t>(qkv), qkv_b.data()}, {static_cast<uint32_t>(d.pos), b.pos.data()},
-                                         {static_cast<uint32_t>(d.cos), b.cos.data()}, {static_cast<uint32_t>(d.sin), b.sin.data()},
-                                         {static_cast<uint32_t>(d.q), b.q.data()}, {static_cast<uint32_t>(d.k_out), b.k_cache.data()},
-                                         {static_cast<uint32_t>(d.v_out), b.v_cache.data()}};
+  // one of the buffers.
+  std::map<uint32_t, void*> buffer{{static_cast<uint32_t>(qkv), qkv_b.data()}};
+  testing::add_decode_qkv_buffers(buffer, d, b);
   std::vector<void*> pointers, args;
   testing::kernel_args(g, step.kernel, buffer, pointers, args);
   if (::testing::Test::HasFatalFailure()) return;

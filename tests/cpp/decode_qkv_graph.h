@@ -111,6 +111,18 @@ inline DecodeQkvBuffers decode_qkv_buffers(const DecodeQkv& d, engine::DType dt,
   return b;
 }
 
+// `buffer` (value id -> pointer, as TestLowerContext names arguments) with
+// the tail's values: pos, cos, sin, q's output and the caches (the updates'
+// results are the caches' storage).
+inline void add_decode_qkv_buffers(std::map<uint32_t, void*>& buffer, const DecodeQkv& d, DecodeQkvBuffers& b) {
+  buffer[static_cast<uint32_t>(d.pos)] = b.pos.data();
+  buffer[static_cast<uint32_t>(d.cos)] = b.cos.data();
+  buffer[static_cast<uint32_t>(d.sin)] = b.sin.data();
+  buffer[static_cast<uint32_t>(d.q)] = b.q.data();
+  buffer[static_cast<uint32_t>(d.k_out)] = b.k_cache.data();
+  buffer[static_cast<uint32_t>(d.v_out)] = b.v_cache.data();
+}
+
 // q, the k cache and the v cache after the step against the reference from
 // `qkv` (the projection's values, in the dtype): q's and k's rotary within a
 // rounding, v's row bit for bit, every other cache row untouched.
