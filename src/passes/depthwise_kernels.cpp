@@ -100,10 +100,7 @@ void plan_depthwise_kernels(ir::Graph& graph, ExecPlan& plan) {
       conv = std::move(op);
     }
   }
-  std::vector<ops::PlannedOp> kept;
-  for (size_t i = 0; i < plan.ops.size(); ++i)
-    if (!remove[i]) kept.push_back(std::move(plan.ops[i]));
-  plan.ops = std::move(kept);
+  erase_steps(plan, remove);
 }
 
 }  // namespace kiln::passes

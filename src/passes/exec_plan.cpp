@@ -23,4 +23,11 @@ int sole_step_reader(const ExecPlan& plan, size_t producer, int storage, const s
   return reader;
 }
 
+void erase_steps(ExecPlan& plan, const std::vector<bool>& remove) {
+  std::vector<PlannedOp> kept;
+  for (size_t i = 0; i < plan.ops.size(); ++i)
+    if (i >= remove.size() || !remove[i]) kept.push_back(std::move(plan.ops[i]));
+  plan.ops = std::move(kept);
+}
+
 }  // namespace kiln::passes

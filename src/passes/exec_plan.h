@@ -41,4 +41,7 @@ std::vector<bool> kept_storage(const ir::Graph& graph, const ExecPlan& plan);
 // several do.
 int sole_step_reader(const ExecPlan& plan, size_t producer, int storage, const std::vector<bool>& skip = {});
 
+// Drops the steps `remove` marks (a pass that folded them into others).
+void erase_steps(ExecPlan& plan, const std::vector<bool>& remove);
+
 }  // namespace kiln::passes

@@ -100,10 +100,7 @@ int plan_gemv_loop_epilogues(const ir::Graph& graph, ExecPlan& plan) {
     ++fused;
     ++i;  // the next step is gone
   }
-  std::vector<ops::PlannedOp> kept;
-  for (size_t i = 0; i < plan.ops.size(); ++i)
-    if (!remove[i]) kept.push_back(std::move(plan.ops[i]));
-  plan.ops = std::move(kept);
+  erase_steps(plan, remove);
   return fused;
 }
 

@@ -66,10 +66,7 @@ void plan_gemv_pair_epilogues(const ir::Graph& graph, ExecPlan& plan) {
     plan.ops[i].label += "+" + plan.ops[static_cast<size_t>(reader)].label;
     remove[static_cast<size_t>(reader)] = true;
   }
-  std::vector<ops::PlannedOp> kept;
-  for (size_t i = 0; i < plan.ops.size(); ++i)
-    if (!remove[i]) kept.push_back(std::move(plan.ops[i]));
-  plan.ops = std::move(kept);
+  erase_steps(plan, remove);
 }
 
 }  // namespace kiln::passes
