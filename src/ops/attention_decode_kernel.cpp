@@ -210,6 +210,9 @@ void emit_decode(std::ostream& s, const AttentionPlan& p, const std::string& nam
       << "    }\n"
       << "  }\n";
   }
+  // With the wait placed (the cache prefetch above it), the successor launches only after the
+  // keys: its blocks do not compete with this kernel's loads.
+  if (p.prefetch_before_wait) s << "  " << codegen::grid_dependency_trigger() << "\n";
   s
     // Merge: every warp's (max, sum, output) per row, then one pass over (row, dim).
     << "  #pragma unroll\n"
