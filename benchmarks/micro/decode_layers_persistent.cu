@@ -1,0 +1,901 @@
+// Micro-benchmark (benchmarks/micro/README.md): can the 410M Llama's 24 decode layers reach 60%
+// of the memory roofline as ONE persistent kernel with only TWO grid-wide dependencies a layer?
+// Every earlier persistent experiment kept one grid-wide dependency per product (96-151 a token)
+// and found each costs about as much as a kernel boundary (dependency_latency.cu: ~1.1 us), which
+// alone is most of the H200's 0.178 ms roofline. Here the dependencies that are not all-to-all
+// stay inside a thread-block cluster, and the all-to-all ones become split-k reductions:
+//
+//   phase A, clusters 0-7 (cluster g of 8 blocks = kv head g and its two query heads):
+//     RMSNorm(x) -> q|k|v (each block 8 head dims of each, rotary pairs in one block) -> DSMEM
+//     to the cluster -> cache write -> attention over 512 cached positions + the new one (each
+//     block 64 positions, both query heads, merged through DSMEM) -> the two heads' slice of the
+//     o-projection, added into the next residual row with red.global.add (split-k over kv heads;
+//     cluster 0 adds the residual itself).
+//   phase B, every block: RMSNorm(x) -> gate|up of its intermediate columns -> SiLU * up -> those
+//     columns of the down projection for all 1024 outputs -> summed across the cluster through
+//     DSMEM -> red.global.add into the next residual row. Blocks that have no phase-A work take
+//     more columns, so every block streams about the same bytes a layer.
+//   Two arrival counters separate the phases (2 grid-wide dependencies a layer, 48 a token);
+//   cluster syncs are mbarriers arrived at remotely, so the producer warps never join them.
+//   Only as many clusters of 8 as can be co-resident are launched (15 on a 132-SM H100).
+//
+// The weights never wait for a dependency: a producer warp a block streams the block's whole
+// token of weights (repacked per block at load time) and its cached key/value rows into a
+// 12-stage shared-memory ring (cp.async.bulk, 16 KB stages), running ahead across the waits as
+// far as the ring allows; eight consumer warps compute from the ring.
+//
+// Checked against a plain kernel an op (logical, unpacked weights) after 1 and 24 layers: the
+// residual row and the cache rows written. Timed: median of CUDA-event-timed launches; also a
+// variant without the grid-wide waits (wrong results; how fast the stream alone goes), and a
+// trace of two blocks' phase times (globaltimer).
+//   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu && /tmp/dlp
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace cg = cooperative_groups;
+
+#define CK(x)                                                                  \
+  do {                                                                         \
+    cudaError_t e = (x);                                                       \
+    if (e != cudaSuccess) {                                                    \
+      std::printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+// The benchmark model (examples/llm_generate/llama_kv.py "bench").
+constexpr int kHidden = 1024, kInter = 4096, kLayers = 24, kHeads = 16, kKvHeads = 8, kHeadDim = 64;
+constexpr int kMaxLen = 768, kPos = 512;  // 512 cached positions, the new token at 512
+constexpr int kCluster = 8, kABlocks = kKvHeads * kCluster;  // phase A: a cluster a kv head
+constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1), kCT = 32 * kConsumers;
+constexpr int kStageBytes = 16384, kStageElems = kStageBytes / 2;
+constexpr int kTasks = kInter / 4;  // phase-B task: 4 gate + 4 up columns (one stage), 4 down columns
+constexpr int kMaxTasks = 16;       // a block's tasks a layer
+constexpr int kAStages = 6;         // packed phase-A stages: q (2 heads), k, v, o (2 halves)
+constexpr int kMarks = 8;           // traced points a phase (globaltimer)
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ void consumers_sync() {  // named barrier 1: the consumer warps only
+  asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+// Head dim of a block's w-th q|k|v column: 4 dims and their rotary partners 32 away.
+__host__ __device__ __forceinline__ int head_dim_of(int rank, int w) { return w < 4 ? 4 * rank + w : 4 * rank + 28 + w; }
+
+struct Weights {  // logical layout, [out][in], per layer contiguous
+  const __nv_bfloat16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+  const float *g1, *g2;  // RMSNorm weights [layers][1024]
+};
+struct Step {
+  const __nv_bfloat16* packed;  // per layer, per block: its stages (Step::pre), 8192 bf16 each
+  const int *task0, *tasks, *pre;  // per block: first phase-B task, task count, first packed stage
+  int stages_per_layer;            // packed stages of all blocks in one layer
+  __nv_bfloat16 *kc, *vc;          // [layer][kv head][kMaxLen][64]
+  const float *cosv, *sinv;        // [32] at kPos
+  const float* x0;                 // the token's embedding row
+  float* rows;                     // 3 residual rows of 1024 (a ring; see the kernel)
+  unsigned* counters;              // [0]: phase-A arrivals, [1]: phase-B arrivals
+  unsigned base_a, base_b;
+  int layers, grid_wait;
+  int compute;  // 0: the products only wait for and release their stages; 2: nothing but the stream
+  unsigned long long* trace;  // null, or [2 blocks][2 * layers phases][kMarks points in the phase]
+};
+
+// The dot product of a staged 1024-long bf16 row with the phase's normalized x (a warp). Lane
+// `lane` owns elements 8v..8v+7 for v = lane + 32j, held in registers (xr) for the whole phase:
+// reading x from shared memory for every row cost more shared-memory wavefronts than the weights.
+__device__ __forceinline__ float row_dot(const __nv_bfloat16* row, const float (&xr)[32], int lane) {
+  const uint4* r = reinterpret_cast<const uint4*>(row);
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint4 w = r[lane + 32 * j];
+    const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(e[q]);
+      s[j] = fmaf(f.x, xr[8 * j + 2 * q], fmaf(f.y, xr[8 * j + 2 * q + 1], s[j]));
+    }
+  }
+  return warp_sum((s[0] + s[1]) + (s[2] + s[3]));
+}
+__device__ __forceinline__ void load_x(float (&xr)[32], const float* xn, int lane) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 a = reinterpret_cast<const float4*>(xn)[2 * (lane + 32 * j)];
+    const float4 b = reinterpret_cast<const float4*>(xn)[2 * (lane + 32 * j) + 1];
+    xr[8 * j] = a.x, xr[8 * j + 1] = a.y, xr[8 * j + 2] = a.z, xr[8 * j + 3] = a.w;
+    xr[8 * j + 4] = b.x, xr[8 * j + 5] = b.y, xr[8 * j + 6] = b.z, xr[8 * j + 7] = b.w;
+  }
+}
+// Eight consecutive bf16 weights (one uint4) times eight fp32 values.
+__device__ __forceinline__ float dot8(const uint4& w, const float* x) {
+  const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(e[i]);
+    s = fmaf(f.x, x[2 * i], fmaf(f.y, x[2 * i + 1], s));
+  }
+  return s;
+}
+
+struct Smem {
+  uint64_t full[12], empty[12], csync[2];
+  float xs[kHidden], xn[kHidden], part[kHidden];
+  float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (DSMEM)
+  float loc[32], sc[2][72], stat[2][2], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
+  float h[2 * 4 * kMaxTasks], red[kConsumers];
+};
+
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int STAGES>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) decode_layers(Weights wt, Step st) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* ring = smem_raw;
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw + STAGES * kStageBytes);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), c = blockIdx.x / kCluster, b = blockIdx.x;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nblocks = gridDim.x;
+  const bool has_a = b < kABlocks;  // cluster c < 8: kv head g = c
+  const int g = c, tasks = st.tasks[b], down_stages = (tasks + 1) / 2;
+  const int packed_per_layer = (has_a ? kAStages : 0) + tasks + down_stages;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&S.full[s], 1);
+      mbar_init(&S.empty[s], kConsumers);
+    }
+    mbar_init(&S.csync[0], kCluster);
+    mbar_init(&S.csync[1], kCluster);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster.sync();  // every block's barriers exist before any remote arrival
+
+  if (warp == kConsumers) {  // producer: the block's stages, layer after layer, as fast as slots free
+    if (lane != 0) return;
+    unsigned i = 0;
+    for (int l = 0; l < st.layers; ++l) {
+      const __nv_bfloat16* src = st.packed + ((size_t)l * st.stages_per_layer + st.pre[b]) * kStageElems;
+      for (int k = 0; k < packed_per_layer + (has_a ? 1 : 0); ++k, ++i) {
+        const int s = i % STAGES;
+        mbar_wait(&S.empty[s], ((i / STAGES) & 1) ^ 1);
+        unsigned char* dst = ring + (size_t)s * kStageBytes;
+        mbar_expect_bytes(&S.full[s], kStageBytes);
+        if (has_a && k == 4) {  // this block's 64 cached key rows, then value rows, of kv head g
+          const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + 64 * rank) * kHeadDim;
+          bulk_load(dst, st.kc + off, kStageBytes / 2, &S.full[s]);
+          bulk_load(dst + kStageBytes / 2, st.vc + off, kStageBytes / 2, &S.full[s]);
+          continue;
+        }
+        const int packed = has_a && k > 4 ? k - 1 : k;
+        bulk_load(dst, src + (size_t)packed * kStageElems, kStageBytes, &S.full[s]);
+      }
+    }
+    return;
+  }
+
+  unsigned i = 0, csyncs = 0;
+  auto stage = [&](void) -> const __nv_bfloat16* {
+    mbar_wait(&S.full[i % STAGES], (i / STAGES) & 1);
+    return reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)(i % STAGES) * kStageBytes);
+  };
+  auto release = [&]() {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&S.empty[i % STAGES]);
+    ++i;
+  };
+  auto cluster_sync = [&]() {  // consumers of the whole cluster; the producer warps do not join
+    consumers_sync();
+    const unsigned k = csyncs++;
+    if (tid < kCluster) mbar_arrive_remote(&S.csync[k & 1], tid);
+    mbar_wait_cluster(&S.csync[k & 1], (k >> 1) & 1);
+  };
+  const int traced = b == 0 ? 0 : (b == nblocks - 1 ? 1 : -1);
+  auto mark = [&](int p, int k) {
+    if (traced >= 0 && tid == 0 && st.trace) st.trace[((size_t)traced * 2 * st.layers + p) * kMarks + k] = globaltimer();
+  };
+  // Residual row of phase p: p == 0 reads the embedding; phase p adds into rows[(p+1)%3] (zeroed
+  // by block 0 at the start of phase p-1, after every reader of it in phase p-2 had arrived).
+  auto begin_phase = [&](int p, const float* gamma) {
+    if (p > 0 && st.grid_wait && tid == 0) {
+      const unsigned* counter = st.counters + (p % 2 ? 0 : 1);
+      const unsigned target = p % 2 ? st.base_a + (unsigned)(p / 2 + 1) * kABlocks
+                                    : st.base_b + (unsigned)(p / 2) * nblocks;
+      while (ld_acquire(counter) < target) {
+      }
+    }
+    mark(p, 0);
+    consumers_sync();
+    if (b == 0) {  // rows[(p+2)%3] was phase p-1's input, read by every block before it arrived
+      float* zero = st.rows + ((p + 2) % 3) * kHidden;
+      for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
+    }
+    const float* x = p == 0 ? st.x0 : st.rows + (p % 3) * kHidden;
+    float ss = 0.f;
+    for (int j = tid; j < kHidden; j += kCT) {
+      const float v = __ldcg(x + j);
+      S.xs[j] = v;
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) S.red[warp] = ss;
+    consumers_sync();
+    float tot = 0.f;
+#pragma unroll
+    for (int w = 0; w < kConsumers; ++w) tot += S.red[w];
+    const float rstd = rsqrtf(tot / kHidden + 1e-5f);
+    for (int j = tid; j < kHidden; j += kCT) S.xn[j] = S.xs[j] * rstd * __ldg(gamma + j);
+    consumers_sync();
+    mark(p, 1);
+  };
+  auto end_phase = [&](int p) {
+    consumers_sync();
+    if (tid == 0) {
+      red_release(st.counters + (p % 2), 1u);
+      mark(p, kMarks - 1);
+    }
+  };
+
+  if (st.compute == 2) {  // the stream alone: every stage waited for and released, nothing else
+    const int per_layer = packed_per_layer + (has_a ? 1 : 0);
+    for (int l = 0; l < st.layers; ++l)
+      for (int k = 0; k < per_layer; ++k) {
+        stage();
+        release();
+      }
+    return;
+  }
+  for (int l = 0; l < st.layers; ++l) {
+    int p = 2 * l;
+    float* out = st.rows + ((p + 1) % 3) * kHidden;
+    if (has_a) {  // ---------------- phase A: kv head g, query heads 2g and 2g+1 ----------------
+      begin_phase(p, wt.g1 + (size_t)l * kHidden);
+      float xr[32];
+      load_x(xr, S.xn, lane);
+      for (int t = 0; t < 4; ++t) {  // q (head 2g), q (2g+1), k, v: warp w computes head dim head_dim_of(rank, w)
+        const __nv_bfloat16* w = stage();
+        const float v = st.compute ? row_dot(w + warp * kHidden, xr, lane) : 0.f;
+        if (lane == 0) S.loc[t * 8 + warp] = v;
+        release();
+      }
+      consumers_sync();
+      mark(p, 2);
+      if (tid < 32) {  // rotary on q and k (partner column w ^ 4 in this block), k/v to bf16, to the cluster
+        const int t = tid / 8, w = tid % 8, d = head_dim_of(rank, w);
+        float v = S.loc[tid];
+        if (t < 3) {
+          const float partner = S.loc[t * 8 + (w ^ 4)], cs = st.cosv[d % 32], sn = st.sinv[d % 32];
+          v = w < 4 ? v * cs - partner * sn : v * cs + partner * sn;
+        }
+        if (t > 1) v = round_bf16(v);
+        float* arr = t < 2 ? S.qf[t] : t == 2 ? S.kf : S.vf;
+        for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(arr, q)[d] = v;
+        if (t > 1) {
+          __nv_bfloat16* cache = t == 2 ? st.kc : st.vc;
+          cache[(((size_t)l * kKvHeads + g) * kMaxLen + kPos) * kHeadDim + d] = __float2bfloat16(v);
+        }
+      }
+      cluster_sync();
+      mark(p, 3);
+      const int n = rank == kCluster - 1 ? 65 : 64;  // the last block also takes the new position
+      {  // attention of both query heads over this block's 64 cached positions
+        const __nv_bfloat16* kv = stage();
+        if (tid < 2 * 64 + 2) {  // a thread a (head, position); the last two take the new position
+          const int head = tid < 128 ? tid >> 6 : tid - 128, pp = tid < 128 ? tid & 63 : 64;
+          if (pp < n) {
+            const float2* q2 = reinterpret_cast<const float2*>(S.qf[head]);
+            float a0 = 0.f, a1 = 0.f;
+            if (pp < 64) {
+              const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(kv) + pp * 32;
+#pragma unroll 8
+              for (int c2 = 0; c2 < 32; ++c2) {  // rotated start: the 32 rows of a warp hit 32 banks
+                const int col = (c2 + tid) & 31;
+                const float2 k = __bfloat1622float2(k2[col]), q = q2[col];
+                a0 = fmaf(q.x, k.x, a0);
+                a1 = fmaf(q.y, k.y, a1);
+              }
+            } else {
+              const float2* k2 = reinterpret_cast<const float2*>(S.kf);
+              for (int c2 = 0; c2 < 32; ++c2) {
+                const float2 k = k2[c2], q = q2[c2];
+                a0 = fmaf(q.x, k.x, a0);
+                a1 = fmaf(q.y, k.y, a1);
+              }
+            }
+            S.sc[head][pp] = (a0 + a1) * 0.125f;
+          }
+        }
+        consumers_sync();
+        if (warp < 2) {  // softmax statistics of head `warp`
+          float* sc = S.sc[warp];
+          float m = fmaxf(sc[lane], sc[lane + 32]);
+          if (n == 65) m = fmaxf(m, sc[64]);
+          m = warp_max(m);
+          const float e0 = __expf(sc[lane] - m), e1 = __expf(sc[lane + 32] - m);
+          float e2 = 0.f;
+          __syncwarp();
+          sc[lane] = e0;
+          sc[lane + 32] = e1;
+          if (n == 65 && lane == 0) {
+            e2 = __expf(sc[64] - m);
+            sc[64] = e2;
+          }
+          const float sum = warp_sum(e0 + e1 + e2);
+          if (lane == 0) {
+            S.stat[warp][0] = m;
+            S.stat[warp][1] = sum;
+          }
+        }
+        consumers_sync();
+        {
+          const int head = tid >> 7, part = (tid >> 6) & 1, d = tid & 63;
+          const __nv_bfloat16* v = kv + 64 * kHeadDim;
+          float acc = 0.f;
+          for (int pp = 32 * part; pp < 32 * part + 32; ++pp)
+            acc = fmaf(S.sc[head][pp], __bfloat162float(v[pp * kHeadDim + d]), acc);
+          S.ored[head][part][d] = acc;
+        }
+        release();
+        consumers_sync();
+        if (tid < 2 * kHeadDim) {
+          const int head = tid >> 6, d = tid & 63;
+          float o = S.ored[head][0][d] + S.ored[head][1][d];
+          if (n == 65) o = fmaf(S.sc[head][64], S.vf[d], o);
+          S.state[head][2 + d] = o;
+          if (d == 0) {
+            S.state[head][0] = S.stat[head][0];
+            S.state[head][1] = S.stat[head][1];
+          }
+        }
+        mark(p, 4);
+        cluster_sync();
+        if (tid < 2 * kHeadDim) {  // merge the cluster's eight partial states of each head
+          const int head = tid >> 6, d = tid & 63;
+          float ms[kCluster], M = -INFINITY;
+          for (int q = 0; q < kCluster; ++q) {
+            ms[q] = cluster.map_shared_rank(&S.state[head][0], q)[0];
+            M = fmaxf(M, ms[q]);
+          }
+          float L = 0.f, O = 0.f;
+          for (int q = 0; q < kCluster; ++q) {
+            const float* rs = cluster.map_shared_rank(&S.state[head][0], q);
+            const float f = __expf(ms[q] - M);
+            L = fmaf(f, rs[1], L);
+            O = fmaf(f, rs[2 + d], O);
+          }
+          S.attn[tid] = O / L;
+        }
+        consumers_sync();
+        mark(p, 5);
+      }
+      for (int s = 0; s < 2; ++s) {  // o-projection rows 128*rank+64s.., both heads' 128 columns; 16 threads a row
+        const uint4* w = reinterpret_cast<const uint4*>(stage());
+        for (int q = 0; q < 4; ++q) {
+          const int idx = tid + kCT * q, row = idx >> 4, chunk = idx & 15;
+          float v = st.compute ? dot8(w[idx], S.attn + 8 * chunk) : 0.f;
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          if (chunk == 0) {
+            const int j = 128 * rank + 64 * s + row;
+            atomicAdd(out + j, g == 0 ? v + S.xs[j] : v);
+          }
+        }
+        release();
+      }
+      mark(p, 6);
+      end_phase(p);
+    }
+
+    // ---------------- phase B: this block's intermediate columns, every block ----------------
+    p = 2 * l + 1;
+    out = st.rows + ((p + 1) % 3) * kHidden;
+    begin_phase(p, wt.g2 + (size_t)l * kHidden);
+    float xr[32];
+    load_x(xr, S.xn, lane);
+    for (int t = 0; t < tasks; ++t) {  // warp w < 4: gate column 4t+w; else up column 4t+w-4
+      const __nv_bfloat16* w = stage();
+      const float v = st.compute ? row_dot(w + warp * kHidden, xr, lane) : 0.f;
+      if (lane == 0) S.h[warp < 4 ? 4 * t + warp : 4 * kMaxTasks + 4 * t + warp - 4] = v;
+      release();
+    }
+    consumers_sync();
+    mark(p, 2);
+    if (tid < 4 * kMaxTasks) {  // columns past the block's own are the down stages' zero padding
+      const float gt = S.h[tid];
+      S.h[tid] = tid < 4 * tasks ? gt / (1.f + __expf(-gt)) * S.h[4 * kMaxTasks + tid] : 0.f;
+    }
+    consumers_sync();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < down_stages; ++s) {  // all 1024 down rows x 8 of this block's columns
+      const uint4* w = reinterpret_cast<const uint4*>(stage());
+      if (st.compute)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q] += dot8(w[tid + kCT * q], S.h + 8 * s);
+      release();
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) S.part[tid + kCT * q] = acc[q];
+    mark(p, 3);
+    cluster_sync();
+    mark(p, 4);
+    if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
+      const int j = 128 * rank + tid;
+      float v = c == 0 ? S.xs[j] : 0.f;
+      for (int q = 0; q < kCluster; ++q) v += cluster.map_shared_rank(S.part, q)[j];
+      atomicAdd(out + j, v);
+    }
+    mark(p, 5);
+    end_phase(p);
+  }
+  cluster_sync();  // no block leaves while another may still read its shared memory
+}
+
+// ---------------- reference: a plain kernel an op, logical weights ----------------
+__global__ void ref_norm(const float* x, const float* gamma, float* xn) {
+  __shared__ float red[32];
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < kHidden; j += blockDim.x) ss += x[j] * x[j];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int w = 0; w < (int)blockDim.x / 32; ++w) tot += red[w];
+  const float rstd = rsqrtf(tot / kHidden + 1e-5f);
+  for (int j = threadIdx.x; j < kHidden; j += blockDim.x) xn[j] = x[j] * rstd * gamma[j];
+}
+// y[n] = W[n][k] x (+ res); a warp a row
+__global__ void ref_gemv(const __nv_bfloat16* w, const float* x, float* y, int n, int k, const float* res) {
+  const int row = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= n) return;
+  float s = 0.f;
+  for (int e = lane; e < k; e += 32) s += __bfloat162float(w[(size_t)row * k + e]) * x[e];
+  s = warp_sum(s);
+  if (lane == 0) y[row] = s + (res ? res[row] : 0.f);
+}
+__global__ void ref_rotary_cache(float* q, float* k, const float* v, const float* cosv, const float* sinv,
+                                 __nv_bfloat16* kc, __nv_bfloat16* vc, int l) {
+  const int head = blockIdx.x, i = threadIdx.x;  // 24 blocks (16 q heads, 8 k heads), 32 threads
+  float* x = head < kHeads ? q + head * kHeadDim : k + (head - kHeads) * kHeadDim;
+  const float a = x[i], bb = x[i + 32];
+  __syncwarp();
+  x[i] = a * cosv[i] - bb * sinv[i];
+  x[i + 32] = bb * cosv[i] + a * sinv[i];
+  if (head >= kHeads) {
+    const int g = head - kHeads;
+    const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + kPos) * kHeadDim;
+    kc[off + i] = __float2bfloat16(x[i]);
+    kc[off + i + 32] = __float2bfloat16(x[i + 32]);
+    vc[off + i] = __float2bfloat16(v[g * kHeadDim + i]);
+    vc[off + i + 32] = __float2bfloat16(v[g * kHeadDim + i + 32]);
+  }
+}
+__global__ void ref_attention(const float* q, const __nv_bfloat16* kc, const __nv_bfloat16* vc, int l, float* o) {
+  __shared__ float sc[kPos + 1];
+  const int h = blockIdx.x, g = h / 2, t = threadIdx.x;  // 64 threads
+  const size_t base = ((size_t)l * kKvHeads + g) * kMaxLen * kHeadDim;
+  for (int p = t; p <= kPos; p += blockDim.x) {
+    float s = 0.f;
+    for (int d = 0; d < kHeadDim; ++d) s += q[h * kHeadDim + d] * __bfloat162float(kc[base + (size_t)p * kHeadDim + d]);
+    sc[p] = s * 0.125f;
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int p = 0; p <= kPos; ++p) m = fmaxf(m, sc[p]);
+  float sum = 0.f, acc = 0.f;
+  for (int p = 0; p <= kPos; ++p) {
+    const float e = expf(sc[p] - m);
+    sum += e;
+    acc += e * __bfloat162float(vc[base + (size_t)p * kHeadDim + t]);
+  }
+  o[h * kHeadDim + t] = acc / sum;
+}
+__global__ void ref_silu_mul(const float* gt, const float* up, float* h) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < kInter) h[i] = gt[i] / (1.f + expf(-gt[i])) * up[i];
+}
+
+// Repack the logical weights into each block's stream (the layout the producer walks). desc[k] of
+// a layer's packed stage k: {block, kind, param}: kind 0 q (param: which of the kv head's two
+// query heads), 1 k, 2 v, 3 o (param: which 64-row half), 4 gate|up (param: the block's task), 5
+// down (param: the block's pair of tasks, zero past its last column).
+__global__ void pack(Weights wt, const int4* desc, int stages_per_layer, const int* task0, const int* tasks,
+                     __nv_bfloat16* packed) {
+  const size_t total = (size_t)kLayers * stages_per_layer * kStageElems;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const int e = static_cast<int>(i % kStageElems);
+    const int k = static_cast<int>((i / kStageElems) % stages_per_layer);
+    const int l = static_cast<int>(i / ((size_t)kStageElems * stages_per_layer));
+    const int4 d4 = desc[k];
+    const int b = d4.x, kind = d4.y, param = d4.z, r = b % kCluster, g = b / kCluster;
+    float v = 0.f;
+    if (kind <= 2) {  // 8 rows (head dims) of 1024
+      const int row = e / kHidden, col = e % kHidden, d = head_dim_of(r, row);
+      if (kind == 0)
+        v = __bfloat162float(wt.wq[(size_t)l * kHidden * kHidden + (size_t)((2 * g + param) * kHeadDim + d) * kHidden + col]);
+      else
+        v = __bfloat162float((kind == 1 ? wt.wk : wt.wv)[(size_t)l * kKvHeads * kHeadDim * kHidden +
+                                                         (size_t)(g * kHeadDim + d) * kHidden + col]);
+    } else if (kind == 3) {  // o: 64 rows, the two query heads' 128 columns
+      const int row = 128 * r + 64 * param + e / 128, col = 2 * g * kHeadDim + e % 128;
+      v = __bfloat162float(wt.wo[(size_t)l * kHidden * kHidden + (size_t)row * kHidden + col]);
+    } else if (kind == 4) {  // gate columns 4t..4t+3, then up columns 4t..4t+3
+      const int row = e / kHidden, col = e % kHidden, n = 4 * (task0[b] + param) + (row & 3);
+      v = __bfloat162float((row < 4 ? wt.wg : wt.wu)[(size_t)l * kInter * kHidden + (size_t)n * kHidden + col]);
+    } else {  // down: all 1024 output rows, 8 of the block's columns
+      const int row = e / 8, local = 8 * param + e % 8;
+      if (local < 4 * tasks[b])
+        v = __bfloat162float(wt.wd[(size_t)l * kHidden * kInter + (size_t)row * kInter + 4 * task0[b] + local]);
+    }
+    packed[i] = __float2bfloat16(v);
+  }
+}
+
+__global__ void fill_bf16(__nv_bfloat16* w, size_t count, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    w[i] = __float2bfloat16(((h & 0xffffu) / 32767.5f - 1.f) * scale);
+  }
+}
+__global__ void fill_f32(float* w, size_t count, unsigned seed, float center, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2246822519u ^ seed;
+    h ^= h >> 13;
+    h *= 2654435761u;
+    h ^= h >> 16;
+    w[i] = center + ((h & 0xffffu) / 32767.5f - 1.f) * scale;
+  }
+}
+
+template <typename T>
+T* alloc(size_t count) {
+  T* p = nullptr;
+  CK(cudaMalloc(&p, count * sizeof(T)));
+  return p;
+}
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs\n", prop.name, sms);
+  const size_t dq = (size_t)kHidden * kHidden, dkv = (size_t)kKvHeads * kHeadDim * kHidden;
+  const size_t dgu = (size_t)kInter * kHidden;
+  Weights wt{};
+  __nv_bfloat16 *wq = alloc<__nv_bfloat16>(kLayers * dq), *wk = alloc<__nv_bfloat16>(kLayers * dkv),
+                *wv = alloc<__nv_bfloat16>(kLayers * dkv), *wo = alloc<__nv_bfloat16>(kLayers * dq),
+                *wg = alloc<__nv_bfloat16>(kLayers * dgu), *wu = alloc<__nv_bfloat16>(kLayers * dgu),
+                *wd = alloc<__nv_bfloat16>(kLayers * dgu);
+  const float sk = std::sqrt(3.f / kHidden), si = std::sqrt(3.f / kInter);
+  fill_bf16<<<1024, 256>>>(wq, kLayers * dq, 11u, sk);
+  fill_bf16<<<1024, 256>>>(wk, kLayers * dkv, 12u, sk);
+  fill_bf16<<<1024, 256>>>(wv, kLayers * dkv, 13u, sk);
+  fill_bf16<<<1024, 256>>>(wo, kLayers * dq, 14u, sk);
+  fill_bf16<<<1024, 256>>>(wg, kLayers * dgu, 15u, sk);
+  fill_bf16<<<1024, 256>>>(wu, kLayers * dgu, 16u, sk);
+  fill_bf16<<<1024, 256>>>(wd, kLayers * dgu, 17u, si);
+  float *g1 = alloc<float>(kLayers * kHidden), *g2 = alloc<float>(kLayers * kHidden);
+  fill_f32<<<64, 256>>>(g1, kLayers * kHidden, 21u, 1.f, 0.2f);
+  fill_f32<<<64, 256>>>(g2, kLayers * kHidden, 22u, 1.f, 0.2f);
+  wt = {wq, wk, wv, wo, wg, wu, wd, g1, g2};
+  const size_t cache = (size_t)kLayers * kKvHeads * kMaxLen * kHeadDim;
+  __nv_bfloat16 *kc = alloc<__nv_bfloat16>(cache), *vc = alloc<__nv_bfloat16>(cache);
+  __nv_bfloat16 *rkc = alloc<__nv_bfloat16>(cache), *rvc = alloc<__nv_bfloat16>(cache);
+  fill_bf16<<<1024, 256>>>(kc, cache, 31u, 1.7f);
+  fill_bf16<<<1024, 256>>>(vc, cache, 32u, 1.7f);
+  CK(cudaMemcpy(rkc, kc, cache * 2, cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(rvc, vc, cache * 2, cudaMemcpyDeviceToDevice));
+  std::vector<float> cs(32), sn(32);
+  for (int i = 0; i < 32; ++i) {
+    const double ang = kPos * std::pow(10000.0, -2.0 * i / kHeadDim);
+    cs[i] = static_cast<float>(std::cos(ang));
+    sn[i] = static_cast<float>(std::sin(ang));
+  }
+  float *cosv = alloc<float>(32), *sinv = alloc<float>(32), *x0 = alloc<float>(kHidden);
+  CK(cudaMemcpy(cosv, cs.data(), 128, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(sinv, sn.data(), 128, cudaMemcpyHostToDevice));
+  fill_f32<<<4, 256>>>(x0, kHidden, 41u, 0.f, 1.7f);
+  float* rows = alloc<float>(3 * kHidden);
+  CK(cudaMemset(rows, 0, 3 * kHidden * 4));
+  CK(cudaDeviceSynchronize());
+
+  // Bytes a token: every weight once, the cached rows read (513 positions, k and v) once.
+  const double weight_bytes = (double)kLayers * 2 * (2 * dq + 2 * dkv + 3 * dgu);
+  const double cache_bytes = (double)kLayers * kKvHeads * (kPos + 1) * kHeadDim * 2 * 2;
+  // The datasheet bandwidth the issue's roofline uses (H200 4.8 TB/s, H100 SXM 3.35 TB/s).
+  const double peak = std::strstr(prop.name, "H200") ? 4.8e12 : 3.35e12;
+  std::printf("24 layers: %.1f MB of weights + %.1f MB of cache; datasheet bandwidth %.2f TB/s\n",
+              weight_bytes / 1e6, cache_bytes / 1e6, peak / 1e12);
+
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kStages = 12;
+  const size_t shared = kStages * kStageBytes + sizeof(Smem);
+  auto kernel = decode_layers<kStages>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  int clusters = 0;
+  {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(16 * kCluster);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = shared;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  }
+  clusters = std::min(clusters, 16);
+  std::printf("%zu bytes of shared memory a block; %d clusters of %d co-resident\n", shared, clusters, kCluster);
+  if (clusters < kKvHeads) {
+    std::printf("fewer than %d co-resident clusters: phase A cannot be laid out\n", kKvHeads);
+    return 1;
+  }
+  // Phase-B tasks a block: blocks without phase-A work (112 KB a layer, about 4.7 tasks' worth)
+  // take more, so every block streams about the same bytes a layer.
+  const int nblocks = clusters * kCluster, nb = nblocks - kABlocks;
+  std::vector<int> task0(nblocks), tasks(nblocks), pre(nblocks);
+  {
+    int ta = nb == 0 ? kTasks / kABlocks : static_cast<int>((kTasks - 4.67 * nb) / nblocks);
+    ta = std::max(1, ta);
+    const int rest = kTasks - ta * kABlocks;
+    for (int bl = 0; bl < nblocks; ++bl)
+      tasks[bl] = bl < kABlocks ? ta : rest / nb + ((bl - kABlocks) < rest % nb ? 1 : 0);
+    int t0 = 0;
+    for (int bl = 0; bl < nblocks; ++bl) {
+      task0[bl] = t0;
+      t0 += tasks[bl];
+      if (tasks[bl] > kMaxTasks) {
+        std::printf("block %d: %d tasks, more than %d\n", bl, tasks[bl], kMaxTasks);
+        return 1;
+      }
+    }
+    if (t0 != kTasks) {
+      std::printf("tasks %d != %d\n", t0, kTasks);
+      return 1;
+    }
+  }
+  std::vector<int4> desc;
+  for (int bl = 0; bl < nblocks; ++bl) {
+    pre[bl] = static_cast<int>(desc.size());
+    if (bl < kABlocks) {
+      for (int t = 0; t < 4; ++t) desc.push_back({bl, t < 2 ? 0 : t - 1, t < 2 ? t : 0, 0});
+      desc.push_back({bl, 3, 0, 0});
+      desc.push_back({bl, 3, 1, 0});
+    }
+    for (int t = 0; t < tasks[bl]; ++t) desc.push_back({bl, 4, t, 0});
+    for (int t = 0; t < (tasks[bl] + 1) / 2; ++t) desc.push_back({bl, 5, t, 0});
+  }
+  const int spl = static_cast<int>(desc.size());
+  std::printf("%d blocks: %d with phase A (%d tasks each), %d without (%d-%d tasks); %d stages of 16 KB a layer\n",
+              nblocks, kABlocks, tasks[0], nb, nb ? *std::min_element(tasks.begin() + kABlocks, tasks.end()) : 0,
+              nb ? *std::max_element(tasks.begin() + kABlocks, tasks.end()) : 0, spl);
+  int *d_task0 = alloc<int>(nblocks), *d_tasks = alloc<int>(nblocks), *d_pre = alloc<int>(nblocks);
+  int4* d_desc = alloc<int4>(spl);
+  CK(cudaMemcpy(d_task0, task0.data(), nblocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_tasks, tasks.data(), nblocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_pre, pre.data(), nblocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_desc, desc.data(), spl * sizeof(int4), cudaMemcpyHostToDevice));
+  __nv_bfloat16* packed = alloc<__nv_bfloat16>((size_t)kLayers * spl * kStageElems);
+  pack<<<4096, 256>>>(wt, d_desc, spl, d_task0, d_tasks, packed);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  unsigned* counters = alloc<unsigned>(2);
+  CK(cudaMemset(counters, 0, 8));
+  unsigned long long* trace = alloc<unsigned long long>(2 * 2 * kLayers * kMarks);
+  unsigned base_a = 0, base_b = 0;
+  auto launch = [&](int layers, int grid_wait, bool traced = false, int compute = 1) {
+    Step st{packed, d_task0, d_tasks, d_pre, spl, kc, vc, cosv, sinv, x0, rows, counters, base_a, base_b,
+            layers, grid_wait, compute, traced ? trace : nullptr};
+    kernel<<<nblocks, kThreads, shared, stream>>>(wt, st);
+    CK(cudaGetLastError());
+    if (compute != 2) {  // the stream-alone variant arrives nowhere
+      base_a += layers * kABlocks;
+      base_b += layers * nblocks;
+    }
+  };
+  // Reference, on its own cache copy.
+  float *rx = alloc<float>(kHidden), *rx1 = alloc<float>(kHidden), *xn = alloc<float>(kHidden),
+        *q = alloc<float>(kHidden), *k = alloc<float>(512), *v = alloc<float>(512), *o = alloc<float>(kHidden),
+        *gt = alloc<float>(kInter), *up = alloc<float>(kInter), *hh = alloc<float>(kInter);
+  auto reference = [&](int layers) {
+    CK(cudaMemcpyAsync(rx, x0, kHidden * 4, cudaMemcpyDeviceToDevice, stream));
+    for (int l = 0; l < layers; ++l) {
+      ref_norm<<<1, 256, 0, stream>>>(rx, g1 + l * kHidden, xn);
+      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wq + l * dq, xn, q, kHidden, kHidden, nullptr);
+      ref_gemv<<<512 / 4, 128, 0, stream>>>(wk + l * dkv, xn, k, 512, kHidden, nullptr);
+      ref_gemv<<<512 / 4, 128, 0, stream>>>(wv + l * dkv, xn, v, 512, kHidden, nullptr);
+      ref_rotary_cache<<<kHeads + kKvHeads, 32, 0, stream>>>(q, k, v, cosv, sinv, rkc, rvc, l);
+      ref_attention<<<kHeads, kHeadDim, 0, stream>>>(q, rkc, rvc, l, o);
+      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wo + l * dq, o, rx1, kHidden, kHidden, rx);
+      ref_norm<<<1, 256, 0, stream>>>(rx1, g2 + l * kHidden, xn);
+      ref_gemv<<<kInter / 4, 128, 0, stream>>>(wg + l * dgu, xn, gt, kInter, kHidden, nullptr);
+      ref_gemv<<<kInter / 4, 128, 0, stream>>>(wu + l * dgu, xn, up, kInter, kHidden, nullptr);
+      ref_silu_mul<<<kInter / 256, 256, 0, stream>>>(gt, up, hh);
+      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wd + l * dgu, hh, rx, kHidden, kInter, rx1);
+    }
+    CK(cudaGetLastError());
+  };
+  auto rel_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      d += (double)(a[i] - b[i]) * (a[i] - b[i]);
+      n += (double)b[i] * b[i];
+    }
+    return std::sqrt(d / std::max(n, 1e-30));
+  };
+  bool ok = true;
+  for (int layers : {1, kLayers}) {
+    CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));  // a launch of 2L phases leaves rows[(2L+1)%3] zero
+    launch(layers, 1);
+    reference(layers);
+    CK(cudaStreamSynchronize(stream));
+    std::vector<float> got(kHidden), want(kHidden);
+    CK(cudaMemcpy(got.data(), rows + ((2 * layers) % 3) * kHidden, kHidden * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(want.data(), rx, kHidden * 4, cudaMemcpyDeviceToHost));
+    const double r = rel_diff(got, want);
+    // The cache rows written at kPos in the last layer, every kv head (k after rotary, v).
+    std::vector<__nv_bfloat16> gk(kKvHeads * kHeadDim), wk2(kKvHeads * kHeadDim);
+    double kd = 0, kn = 0;
+    for (int which = 0; which < 2; ++which)
+      for (int gg = 0; gg < kKvHeads; ++gg) {
+        const size_t off = (((size_t)(layers - 1) * kKvHeads + gg) * kMaxLen + kPos) * kHeadDim;
+        CK(cudaMemcpy(gk.data(), (which ? vc : kc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(wk2.data(), (which ? rvc : rkc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
+        for (int d = 0; d < kHeadDim; ++d) {
+          const double a = __bfloat162float(gk[d]), bb = __bfloat162float(wk2[d]);
+          kd += (a - bb) * (a - bb);
+          kn += bb * bb;
+        }
+      }
+    const double kr = std::sqrt(kd / std::max(kn, 1e-30));
+    const double lim = layers == 1 ? 1e-4 : 2e-3;
+    const bool pass = r < lim && kr < 1e-2;
+    ok = ok && pass;
+    std::printf("check after %d layer(s): residual norm-relative %.2e (limit %.0e), cache rows %.2e, |ref| %.3g %s\n",
+                layers, r, lim, kr, std::sqrt([&] { double n = 0; for (float x : want) n += (double)x * x; return n; }()),
+                pass ? "ok" : "<-- WRONG");
+  }
+  auto time_it = [&](auto&& body, int iters) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    for (int it = 0; it < iters + 10; ++it) {
+      CK(cudaEventRecord(e0, stream));
+      body();
+      CK(cudaEventRecord(e1, stream));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (it >= 10) ts.push_back(ms);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+  };
+  const double bytes = weight_bytes + cache_bytes;
+  for (int compute : {1, 0}) {  // where a layer's time goes: blocks 0 (phases A and B) and the last (B only)
+    CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
+    CK(cudaMemsetAsync(trace, 0, 2 * 2 * kLayers * kMarks * 8, stream));
+    launch(kLayers, 1, true, compute);
+    CK(cudaStreamSynchronize(stream));
+    std::vector<unsigned long long> tr(2 * 2 * kLayers * kMarks);
+    CK(cudaMemcpy(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost));
+    auto at = [&](int blk, int p, int k) { return static_cast<double>(tr[((size_t)blk * 2 * kLayers + p) * kMarks + k]); };
+    // Mean over layers 1-22 of the time between consecutive marks (us).
+    auto seg = [&](int blk, int phase, int k0, int k1) {
+      double t = 0;
+      for (int l = 1; l < kLayers - 1; ++l) t += at(blk, 2 * l + phase, k1) - at(blk, 2 * l + phase, k0);
+      return t / (kLayers - 2) / 1e3;
+    };
+    double wait_a = 0, wait_b = 0;
+    for (int l = 1; l < kLayers - 1; ++l) {
+      wait_a += at(0, 2 * l + 1, 0) - at(0, 2 * l, kMarks - 1);
+      wait_b += at(0, 2 * l + 2, 0) - at(0, 2 * l + 1, kMarks - 1);
+    }
+    wait_a /= (kLayers - 2) * 1e3;
+    wait_b /= (kLayers - 2) * 1e3;
+    std::printf("trace%s, us a layer (layers 1-22):\n"
+                "  block 0 phase A: x+norm %.2f | q|k|v %.2f | rotary+DSMEM+cluster sync %.2f | attention %.2f | "
+                "sync+merge %.2f | o-proj %.2f | end %.2f = %.2f\n"
+                "  block 0 wait for A %.2f; phase B: x+norm %.2f | gate|up %.2f | down %.2f | cluster sync %.2f | "
+                "reduce+atomics %.2f | end %.2f = %.2f; wait for B %.2f\n"
+                "  last block (B only) phase B: x+norm %.2f | gate|up %.2f | down %.2f | cluster sync %.2f | "
+                "reduce+atomics %.2f | end %.2f = %.2f; whole token (block 0) %.1f us\n",
+                compute ? "" : ", products not computed", seg(0, 0, 0, 1), seg(0, 0, 1, 2), seg(0, 0, 2, 3),
+                seg(0, 0, 3, 4), seg(0, 0, 4, 5), seg(0, 0, 5, 6), seg(0, 0, 6, 7), seg(0, 0, 0, 7), wait_a,
+                seg(0, 1, 0, 1), seg(0, 1, 1, 2), seg(0, 1, 2, 3), seg(0, 1, 3, 4), seg(0, 1, 4, 5), seg(0, 1, 5, 7),
+                seg(0, 1, 0, 7), wait_b, seg(1, 1, 0, 1), seg(1, 1, 1, 2), seg(1, 1, 2, 3), seg(1, 1, 3, 4),
+                seg(1, 1, 4, 5), seg(1, 1, 5, 7), seg(1, 1, 0, 7),
+                (at(0, 2 * kLayers - 1, kMarks - 1) - at(0, 0, 0)) / 1e3);
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (int compute : {1, 0, 2})
+      for (int wait : {1, 0}) {
+        if (compute == 2 && wait) continue;
+        CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
+        const float ms = time_it([&] { launch(kLayers, wait, false, compute); }, 100);
+        std::printf("round %d: persistent, %d clusters of %d, 2 grid dependencies a layer%s%s: median %.4f ms, %.0f GB/s, "
+                    "%.1f%% of peak\n",
+                    round, clusters, kCluster, wait ? "" : ", NO grid wait", compute == 1 ? "" : compute == 0 ? ", products NOT computed" : ", the weight stream ALONE",
+                    ms, bytes / ms / 1e6, 100.0 * bytes / ms / 1e-3 / peak);
+      }
+    const float ref_ms = time_it([&] { reference(kLayers); }, 20);
+    std::printf("round %d: reference (plain kernels, not tuned, for scale): %.4f ms\n", round, ref_ms);
+  }
+  std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
+  return ok ? 0 : 2;
+}
