@@ -28,7 +28,7 @@
 // residual row and the cache rows written. Timed: median of CUDA-event-timed launches; also a
 // variant without the grid-wide waits (wrong results; how fast the stream alone goes), and a
 // trace of two blocks' phase times (globaltimer).
-//   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu && /tmp/dlp
+//   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu && /tmp/dlp [tasks]
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -144,7 +144,7 @@ struct Step {
   unsigned base_a, base_b;
   int layers, grid_wait;
   int compute;  // 0: the products only wait for and release their stages; 2: nothing but the stream
-  unsigned long long* trace;  // null, or [2 blocks][2 * layers phases][kMarks points in the phase]
+  unsigned long long* trace;  // null, or [block][2 * layers phases][kMarks points in the phase]
 };
 
 // The dot product of a staged 1024-long bf16 row with the phase's normalized x (a warp). Lane
@@ -164,6 +164,33 @@ __device__ __forceinline__ float row_dot(const __nv_bfloat16* row, const float (
     }
   }
   return warp_sum((s[0] + s[1]) + (s[2] + s[3]));
+}
+// N staged rows at once (one from each of N stages), N independent chains: one stage's latency
+// for N stages' work.
+template <int N>
+__device__ __forceinline__ void rows_dot(const __nv_bfloat16* const (&rows)[N], const float (&xr)[32], int lane,
+                                         float (&out)[N]) {
+  float s[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const uint4 w = reinterpret_cast<const uint4*>(rows[n])[lane + 32 * j];
+      const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(e[q]);
+        s[n][j & 1] = fmaf(f.x, xr[8 * j + 2 * q], fmaf(f.y, xr[8 * j + 2 * q + 1], s[n][j & 1]));
+      }
+    }
+#pragma unroll
+  for (int n = 0; n < N; ++n) out[n] = s[n][0] + s[n][1];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n) out[n] += __shfl_xor_sync(0xffffffffu, out[n], o);
 }
 __device__ __forceinline__ void load_x(float (&xr)[32], const float* xn, int lane) {
 #pragma unroll
@@ -250,6 +277,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     mbar_wait(&S.full[i % STAGES], (i / STAGES) & 1);
     return reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)(i % STAGES) * kStageBytes);
   };
+  auto peek = [&](int k) -> const __nv_bfloat16* {  // the k-th stage from here, waited for, not taken
+    const unsigned j = i + k;
+    mbar_wait(&S.full[j % STAGES], (j / STAGES) & 1);
+    return reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)(j % STAGES) * kStageBytes);
+  };
   auto release = [&]() {
     __syncwarp();
     if (lane == 0) mbar_arrive(&S.empty[i % STAGES]);
@@ -261,9 +293,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     if (tid < kCluster) mbar_arrive_remote(&S.csync[k & 1], tid);
     mbar_wait_cluster(&S.csync[k & 1], (k >> 1) & 1);
   };
-  const int traced = b == 0 ? 0 : (b == nblocks - 1 ? 1 : -1);
   auto mark = [&](int p, int k) {
-    if (traced >= 0 && tid == 0 && st.trace) st.trace[((size_t)traced * 2 * st.layers + p) * kMarks + k] = globaltimer();
+    if (tid == 0 && st.trace) st.trace[((size_t)b * 2 * st.layers + p) * kMarks + k] = globaltimer();
   };
   // Residual row of phase p: p == 0 reads the embedding; phase p adds into rows[(p+1)%3] (zeroed
   // by block 0 at the start of phase p-1, after every reader of it in phase p-2 had arrived).
@@ -323,11 +354,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
       begin_phase(p, wt.g1 + (size_t)l * kHidden);
       float xr[32];
       load_x(xr, S.xn, lane);
-      for (int t = 0; t < 4; ++t) {  // q (head 2g), q (2g+1), k, v: warp w computes head dim head_dim_of(rank, w)
-        const __nv_bfloat16* w = stage();
-        const float v = st.compute ? row_dot(w + warp * kHidden, xr, lane) : 0.f;
-        if (lane == 0) S.loc[t * 8 + warp] = v;
-        release();
+      {  // q (head 2g), q (2g+1), k, v, the four stages at once: warp w computes head dim head_dim_of(rank, w)
+        const __nv_bfloat16* const rows[4] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden,
+                                              peek(2) + warp * kHidden, peek(3) + warp * kHidden};
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (st.compute) rows_dot<4>(rows, xr, lane, v);
+        if (lane == 0)
+          for (int t = 0; t < 4; ++t) S.loc[t * 8 + warp] = v[t];
+        for (int t = 0; t < 4; ++t) release();
       }
       consumers_sync();
       mark(p, 2);
@@ -465,11 +499,25 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     begin_phase(p, wt.g2 + (size_t)l * kHidden);
     float xr[32];
     load_x(xr, S.xn, lane);
-    for (int t = 0; t < tasks; ++t) {  // warp w < 4: gate column 4t+w; else up column 4t+w-4
-      const __nv_bfloat16* w = stage();
-      const float v = st.compute ? row_dot(w + warp * kHidden, xr, lane) : 0.f;
-      if (lane == 0) S.h[warp < 4 ? 4 * t + warp : 4 * kMaxTasks + 4 * t + warp - 4] = v;
-      release();
+    for (int t = 0; t < tasks; t += 2) {  // two stages at once; warp w < 4: gate column 4t+w, else up column 4t+w-4
+      auto put = [&](int task, float v) {
+        if (lane == 0) S.h[warp < 4 ? 4 * task + warp : 4 * kMaxTasks + 4 * task + warp - 4] = v;
+      };
+      if (t + 1 < tasks) {
+        const __nv_bfloat16* const rows[2] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden};
+        float v[2] = {0.f, 0.f};
+        if (st.compute) rows_dot<2>(rows, xr, lane, v);
+        put(t, v[0]);
+        put(t + 1, v[1]);
+        release();
+        release();
+      } else {
+        const __nv_bfloat16* const rows[1] = {peek(0) + warp * kHidden};
+        float v[1] = {0.f};
+        if (st.compute) rows_dot<1>(rows, xr, lane, v);
+        put(t, v[0]);
+        release();
+      }
     }
     consumers_sync();
     mark(p, 2);
@@ -629,7 +677,7 @@ T* alloc(size_t count) {
   return p;
 }
 
-int main() {
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -705,11 +753,13 @@ int main() {
     return 1;
   }
   // Phase-B tasks a block: blocks without phase-A work (112 KB a layer, about 4.7 tasks' worth)
-  // take more, so every block streams about the same bytes a layer.
+  // take more, so every block streams about the same bytes a layer; argv[1] sets the phase-A
+  // blocks' count instead.
   const int nblocks = clusters * kCluster, nb = nblocks - kABlocks;
   std::vector<int> task0(nblocks), tasks(nblocks), pre(nblocks);
   {
     int ta = nb == 0 ? kTasks / kABlocks : static_cast<int>((kTasks - 4.67 * nb) / nblocks);
+    if (argc > 1) ta = std::atoi(argv[1]);
     ta = std::max(1, ta);
     const int rest = kTasks - ta * kABlocks;
     for (int bl = 0; bl < nblocks; ++bl)
@@ -755,7 +805,7 @@ int main() {
   CK(cudaDeviceSynchronize());
   unsigned* counters = alloc<unsigned>(2);
   CK(cudaMemset(counters, 0, 8));
-  unsigned long long* trace = alloc<unsigned long long>(2 * 2 * kLayers * kMarks);
+  unsigned long long* trace = alloc<unsigned long long>((size_t)nblocks * 2 * kLayers * kMarks);
   unsigned base_a = 0, base_b = 0;
   auto launch = [&](int layers, int grid_wait, bool traced = false, int compute = 1) {
     Step st{packed, d_task0, d_tasks, d_pre, spl, kc, vc, cosv, sinv, x0, rows, counters, base_a, base_b,
@@ -849,38 +899,59 @@ int main() {
   const double bytes = weight_bytes + cache_bytes;
   for (int compute : {1, 0}) {  // where a layer's time goes: blocks 0 (phases A and B) and the last (B only)
     CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
-    CK(cudaMemsetAsync(trace, 0, 2 * 2 * kLayers * kMarks * 8, stream));
+    const size_t marks = (size_t)nblocks * 2 * kLayers * kMarks;
+    CK(cudaMemsetAsync(trace, 0, marks * 8, stream));
     launch(kLayers, 1, true, compute);
     CK(cudaStreamSynchronize(stream));
-    std::vector<unsigned long long> tr(2 * 2 * kLayers * kMarks);
-    CK(cudaMemcpy(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost));
+    std::vector<unsigned long long> tr(marks);
+    CK(cudaMemcpy(tr.data(), trace, marks * 8, cudaMemcpyDeviceToHost));
     auto at = [&](int blk, int p, int k) { return static_cast<double>(tr[((size_t)blk * 2 * kLayers + p) * kMarks + k]); };
-    // Mean over layers 1-22 of the time between consecutive marks (us).
-    auto seg = [&](int blk, int phase, int k0, int k1) {
-      double t = 0;
-      for (int l = 1; l < kLayers - 1; ++l) t += at(blk, 2 * l + phase, k1) - at(blk, 2 * l + phase, k0);
-      return t / (kLayers - 2) / 1e3;
+    // A segment (mark k0 -> k1 of phase A or B) averaged over layers 1-22, then its median and
+    // maximum over a set of blocks (us).
+    auto seg = [&](int b0, int b1, int phase, int k0, int k1, bool mx) {
+      std::vector<double> v;
+      for (int blk = b0; blk < b1; ++blk) {
+        double t = 0;
+        for (int l = 1; l < kLayers - 1; ++l) t += at(blk, 2 * l + phase, k1) - at(blk, 2 * l + phase, k0);
+        v.push_back(t / (kLayers - 2) / 1e3);
+      }
+      std::sort(v.begin(), v.end());
+      return mx ? v.back() : v[v.size() / 2];
     };
-    double wait_a = 0, wait_b = 0;
-    for (int l = 1; l < kLayers - 1; ++l) {
-      wait_a += at(0, 2 * l + 1, 0) - at(0, 2 * l, kMarks - 1);
-      wait_b += at(0, 2 * l + 2, 0) - at(0, 2 * l + 1, kMarks - 1);
+    // End of the block's previous phase (a B-only block's previous phase B) -> this phase's start.
+    auto wait_seg = [&](int b0, int b1, int phase, bool mx) {
+      std::vector<double> v;
+      for (int blk = b0; blk < b1; ++blk) {
+        double t = 0;
+        for (int l = 1; l < kLayers - 1; ++l)
+          t += at(blk, 2 * l + phase, 0) -
+               (phase && blk < kABlocks ? at(blk, 2 * l, kMarks - 1) : at(blk, 2 * l - 1, kMarks - 1));
+        v.push_back(t / (kLayers - 2) / 1e3);
+      }
+      std::sort(v.begin(), v.end());
+      return mx ? v.back() : v[v.size() / 2];
+    };
+    std::printf("trace%s, us a layer (layers 1-22), median / max over blocks:\n", compute ? "" : ", products not computed");
+    const int a_ends[] = {1, 2, 3, 4, 5, 6, 7};
+    const char* a_names[] = {"x+norm", "q|k|v", "rotary+DSMEM+sync", "attention", "sync+merge", "o-proj", "end"};
+    std::printf("  phase A (A blocks): wait %.2f/%.2f", wait_seg(0, kABlocks, 0, false), wait_seg(0, kABlocks, 0, true));
+    for (int k = 0; k < 7; ++k)
+      std::printf(" | %s %.2f/%.2f", a_names[k], seg(0, kABlocks, 0, k == 0 ? 0 : a_ends[k - 1], a_ends[k], false),
+                  seg(0, kABlocks, 0, k == 0 ? 0 : a_ends[k - 1], a_ends[k], true));
+    std::printf("\n");
+    const int b_from[] = {0, 1, 2, 3, 4, 5}, b_to[] = {1, 2, 3, 4, 5, 7};
+    const char* b_names[] = {"x+norm", "gate|up", "down", "cluster sync", "reduce+atomics", "end"};
+    for (int set = 0; set < 2; ++set) {
+      const int b0 = set ? kABlocks : 0, b1 = set ? nblocks : kABlocks;
+      if (b0 == b1) continue;
+      std::printf("  phase B (%s): wait %.2f/%.2f", set ? "B-only blocks" : "A blocks", wait_seg(b0, b1, 1, false),
+                  wait_seg(b0, b1, 1, true));
+      for (int k = 0; k < 6; ++k)
+        std::printf(" | %s %.2f/%.2f", b_names[k], seg(b0, b1, 1, b_from[k], b_to[k], false),
+                    seg(b0, b1, 1, b_from[k], b_to[k], true));
+      std::printf("\n");
     }
-    wait_a /= (kLayers - 2) * 1e3;
-    wait_b /= (kLayers - 2) * 1e3;
-    std::printf("trace%s, us a layer (layers 1-22):\n"
-                "  block 0 phase A: x+norm %.2f | q|k|v %.2f | rotary+DSMEM+cluster sync %.2f | attention %.2f | "
-                "sync+merge %.2f | o-proj %.2f | end %.2f = %.2f\n"
-                "  block 0 wait for A %.2f; phase B: x+norm %.2f | gate|up %.2f | down %.2f | cluster sync %.2f | "
-                "reduce+atomics %.2f | end %.2f = %.2f; wait for B %.2f\n"
-                "  last block (B only) phase B: x+norm %.2f | gate|up %.2f | down %.2f | cluster sync %.2f | "
-                "reduce+atomics %.2f | end %.2f = %.2f; whole token (block 0) %.1f us\n",
-                compute ? "" : ", products not computed", seg(0, 0, 0, 1), seg(0, 0, 1, 2), seg(0, 0, 2, 3),
-                seg(0, 0, 3, 4), seg(0, 0, 4, 5), seg(0, 0, 5, 6), seg(0, 0, 6, 7), seg(0, 0, 0, 7), wait_a,
-                seg(0, 1, 0, 1), seg(0, 1, 1, 2), seg(0, 1, 2, 3), seg(0, 1, 3, 4), seg(0, 1, 4, 5), seg(0, 1, 5, 7),
-                seg(0, 1, 0, 7), wait_b, seg(1, 1, 0, 1), seg(1, 1, 1, 2), seg(1, 1, 2, 3), seg(1, 1, 3, 4),
-                seg(1, 1, 4, 5), seg(1, 1, 5, 7), seg(1, 1, 0, 7),
-                (at(0, 2 * kLayers - 1, kMarks - 1) - at(0, 0, 0)) / 1e3);
+    std::printf("  whole token (block 0) %.1f us\n", (at(0, 2 * kLayers - 1, kMarks - 1) - at(0, 0, 0)) / 1e3);
   }
   for (int round = 0; round < 3; ++round) {
     for (int compute : {1, 0, 2})
