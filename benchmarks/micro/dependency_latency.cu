@@ -18,14 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                             \
-  do {                                                                    \
-    cudaError_t e = (x);                                                  \
-    if (e != cudaSuccess) {                                               \
-      printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#include "micro_util.cuh"
 
 constexpr int kPhases = 96;
 
@@ -45,15 +38,6 @@ __global__ void phase_kernel(unsigned* data, int phase, unsigned* errors) {
     if (got != static_cast<unsigned>(phase - 1)) atomicAdd(errors, 1u);
   }
   __stcg(&data[(phase % 2) * B + blockIdx.x], static_cast<unsigned>(phase));
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // All phases in one kernel. At each phase a block writes its word, arrives, spins until every

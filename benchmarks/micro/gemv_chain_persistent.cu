@@ -17,14 +17,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e = (x);                                                                    \
-    if (e != cudaSuccess) {                                                                 \
-      std::printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__);              \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
+#include "micro_util.cuh"
 
 constexpr int kWarps = 8;  // warps a block
 constexpr int kMaxK = 4096;

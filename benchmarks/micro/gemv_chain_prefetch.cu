@@ -7,7 +7,8 @@
 #include <cstdio>
 #include <vector>
 #include <algorithm>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
+
+#include "micro_util.cuh"
 
 template <int MODE, int K>
 __global__ void __launch_bounds__(128) gemv(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int n) {

@@ -80,14 +80,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "micro_util.cuh"
 
 constexpr int kPhases = 96;
 constexpr int kXPad = 8192;              // activation elements before phase 0's output (x of phase 0)
@@ -106,9 +99,6 @@ struct PhaseDesc {
 __constant__ PhaseDesc c_ph[kPhases];
 
 // ---------------------------------------------------------------- small helpers
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(__cvta_generic_to_global(src))
                : "memory");
@@ -135,11 +125,6 @@ __device__ __forceinline__ uint4 ld_nc16(const uint4* p) {  // weights: read-onl
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
-  return v;
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float s) {

@@ -6,7 +6,8 @@
 #include <cstdio>
 #include <vector>
 #include <algorithm>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
+
+#include "micro_util.cuh"
 
 // Block = W warps; the block owns C*W/S columns; warp w takes column group (w / S) and K slice (w % S).
 template <int K, int C, int W, int S, bool NC>

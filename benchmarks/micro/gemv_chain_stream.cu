@@ -20,14 +20,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "micro_util.cuh"
 
 constexpr int kConsumers = 8;  // consumer warps a block; one more warp produces
 constexpr int kThreads = 32 * (kConsumers + 1);
@@ -40,41 +33,8 @@ struct Phase {
   int n, k;
 };
 
-__device__ __forceinline__ unsigned shared_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(shared_addr(bar)), "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   shared_addr(dst)),
-               "l"(src), "r"(bytes), "r"(shared_addr(bar))
-               : "memory");
-}
 __device__ __forceinline__ void consumers_sync() {  // named barrier 1: the consumer warps only
   asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
-}
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 // A block's columns of a phase, and how they are cut into ring stages (whole columns a stage).
@@ -171,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();
       atomicAdd(arrivals, 1u);
       const unsigned target = base + (p + 1) * gridDim.x;
-      while (load_acquire(arrivals) < target) {
+      while (ld_acquire(arrivals) < target) {
       }
     }
     consumers_sync();

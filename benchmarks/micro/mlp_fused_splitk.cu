@@ -25,14 +25,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                             \
-  do {                                                                    \
-    cudaError_t e = (x);                                                  \
-    if (e != cudaSuccess) {                                               \
-      printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e), __LINE__); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#include "micro_util.cuh"
 
 using bf16 = __nv_bfloat16;
 constexpr int kHidden = 1024, kInter = 4096, kQkv = 2048, kLayers = 24;
