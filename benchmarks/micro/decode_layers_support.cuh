@@ -1,0 +1,313 @@
+// decode_layers_persistent.cu's support: the model's shapes and the kernel's layout constants,
+// the device helpers (cluster mbarriers, warp reductions, the staged-row dot products), the
+// reference (a plain kernel an op on the logical weights), the repacking of those weights into
+// each block's stream, the random fills and the trace summary. Included by that file only.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "micro_util.cuh"
+
+// The benchmark model (examples/llm_generate/llama_kv.py "bench").
+constexpr int kHidden = 1024, kInter = 4096, kLayers = 24, kHeads = 16, kKvHeads = 8, kHeadDim = 64;
+constexpr int kMaxLen = 768, kPos = 512;  // 512 cached positions, the new token at 512
+constexpr int kCluster = 8, kABlocks = kKvHeads * kCluster;  // phase A: a cluster a kv head
+constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1), kCT = 32 * kConsumers;
+constexpr int kStageBytes = 16384, kStageElems = kStageBytes / 2;
+constexpr int kTasks = kInter / 4;  // phase-B task: 4 gate + 4 up columns (one stage), 4 down columns
+constexpr int kMaxTasks = 16;       // a block's tasks a layer
+constexpr int kAStages = 6;         // packed phase-A stages: q (2 heads), k, v, o (2 halves)
+constexpr int kMarks = 8;           // traced points a phase (globaltimer)
+
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() {  // named barrier 1: the consumer warps only
+  asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory");
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+// Head dim of a block's w-th q|k|v column: 4 dims and their rotary partners 32 away.
+__host__ __device__ __forceinline__ int head_dim_of(int rank, int w) { return w < 4 ? 4 * rank + w : 4 * rank + 28 + w; }
+
+struct Weights {  // logical layout, [out][in], per layer contiguous
+  const __nv_bfloat16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+  const float *g1, *g2;  // RMSNorm weights [layers][1024]
+};
+struct Step {
+  const __nv_bfloat16* packed;  // per layer, per block: its stages (Step::pre), 8192 bf16 each
+  const int *task0, *tasks, *pre;  // per block: first phase-B task, task count, first packed stage
+  int stages_per_layer;            // packed stages of all blocks in one layer
+  __nv_bfloat16 *kc, *vc;          // [layer][kv head][kMaxLen][64]
+  const float *cosv, *sinv;        // [32] at kPos
+  const float* x0;                 // the token's embedding row
+  float* rows;                     // 3 residual rows of 1024 (a ring; see the kernel)
+  unsigned* counters;              // [0]: phase-A arrivals, [1]: phase-B arrivals
+  unsigned base_a, base_b;
+  int layers, grid_wait;
+  int compute;  // 0: the products only wait for and release their stages; 2: nothing but the stream
+  unsigned long long* trace;  // null, or [block][2 * layers phases][kMarks points in the phase]
+};
+
+// The dot product of a staged 1024-long bf16 row with the phase's normalized x (a warp). Lane
+// `lane` owns elements 8v..8v+7 for v = lane + 32j, held in registers (xr) for the whole phase:
+// reading x from shared memory for every row cost more shared-memory wavefronts than the weights.
+__device__ __forceinline__ float row_dot(const __nv_bfloat16* row, const float (&xr)[32], int lane) {
+  const uint4* r = reinterpret_cast<const uint4*>(row);
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint4 w = r[lane + 32 * j];
+    const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(e[q]);
+      s[j] = fmaf(f.x, xr[8 * j + 2 * q], fmaf(f.y, xr[8 * j + 2 * q + 1], s[j]));
+    }
+  }
+  return warp_sum((s[0] + s[1]) + (s[2] + s[3]));
+}
+// N staged rows at once (one from each of N stages), N independent chains: one stage's latency
+// for N stages' work.
+template <int N>
+__device__ __forceinline__ void rows_dot(const __nv_bfloat16* const (&rows)[N], const float (&xr)[32], int lane,
+                                         float (&out)[N]) {
+  float s[N][2];
+#pragma unroll
+  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const uint4 w = reinterpret_cast<const uint4*>(rows[n])[lane + 32 * j];
+      const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(e[q]);
+        s[n][j & 1] = fmaf(f.x, xr[8 * j + 2 * q], fmaf(f.y, xr[8 * j + 2 * q + 1], s[n][j & 1]));
+      }
+    }
+#pragma unroll
+  for (int n = 0; n < N; ++n) out[n] = s[n][0] + s[n][1];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n) out[n] += __shfl_xor_sync(0xffffffffu, out[n], o);
+}
+__device__ __forceinline__ void load_x(float (&xr)[32], const float* xn, int lane) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 a = reinterpret_cast<const float4*>(xn)[2 * (lane + 32 * j)];
+    const float4 b = reinterpret_cast<const float4*>(xn)[2 * (lane + 32 * j) + 1];
+    xr[8 * j] = a.x, xr[8 * j + 1] = a.y, xr[8 * j + 2] = a.z, xr[8 * j + 3] = a.w;
+    xr[8 * j + 4] = b.x, xr[8 * j + 5] = b.y, xr[8 * j + 6] = b.z, xr[8 * j + 7] = b.w;
+  }
+}
+// Eight consecutive bf16 weights (one uint4) times eight fp32 values.
+__device__ __forceinline__ float dot8(const uint4& w, const float* x) {
+  const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(e[i]);
+    s = fmaf(f.x, x[2 * i], fmaf(f.y, x[2 * i + 1], s));
+  }
+  return s;
+}
+
+// ---------------- reference: a plain kernel an op, logical weights ----------------
+__global__ void ref_norm(const float* x, const float* gamma, float* xn) {
+  __shared__ float red[32];
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < kHidden; j += blockDim.x) ss += x[j] * x[j];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int w = 0; w < (int)blockDim.x / 32; ++w) tot += red[w];
+  const float rstd = rsqrtf(tot / kHidden + 1e-5f);
+  for (int j = threadIdx.x; j < kHidden; j += blockDim.x) xn[j] = x[j] * rstd * gamma[j];
+}
+// y[n] = W[n][k] x (+ res); a warp a row
+__global__ void ref_gemv(const __nv_bfloat16* w, const float* x, float* y, int n, int k, const float* res) {
+  const int row = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= n) return;
+  float s = 0.f;
+  for (int e = lane; e < k; e += 32) s += __bfloat162float(w[(size_t)row * k + e]) * x[e];
+  s = warp_sum(s);
+  if (lane == 0) y[row] = s + (res ? res[row] : 0.f);
+}
+__global__ void ref_rotary_cache(float* q, float* k, const float* v, const float* cosv, const float* sinv,
+                                 __nv_bfloat16* kc, __nv_bfloat16* vc, int l) {
+  const int head = blockIdx.x, i = threadIdx.x;  // 24 blocks (16 q heads, 8 k heads), 32 threads
+  float* x = head < kHeads ? q + head * kHeadDim : k + (head - kHeads) * kHeadDim;
+  const float a = x[i], bb = x[i + 32];
+  __syncwarp();
+  x[i] = a * cosv[i] - bb * sinv[i];
+  x[i + 32] = bb * cosv[i] + a * sinv[i];
+  if (head >= kHeads) {
+    const int g = head - kHeads;
+    const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + kPos) * kHeadDim;
+    kc[off + i] = __float2bfloat16(x[i]);
+    kc[off + i + 32] = __float2bfloat16(x[i + 32]);
+    vc[off + i] = __float2bfloat16(v[g * kHeadDim + i]);
+    vc[off + i + 32] = __float2bfloat16(v[g * kHeadDim + i + 32]);
+  }
+}
+__global__ void ref_attention(const float* q, const __nv_bfloat16* kc, const __nv_bfloat16* vc, int l, float* o) {
+  __shared__ float sc[kPos + 1];
+  const int h = blockIdx.x, g = h / 2, t = threadIdx.x;  // 64 threads
+  const size_t base = ((size_t)l * kKvHeads + g) * kMaxLen * kHeadDim;
+  for (int p = t; p <= kPos; p += blockDim.x) {
+    float s = 0.f;
+    for (int d = 0; d < kHeadDim; ++d) s += q[h * kHeadDim + d] * __bfloat162float(kc[base + (size_t)p * kHeadDim + d]);
+    sc[p] = s * 0.125f;
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int p = 0; p <= kPos; ++p) m = fmaxf(m, sc[p]);
+  float sum = 0.f, acc = 0.f;
+  for (int p = 0; p <= kPos; ++p) {
+    const float e = expf(sc[p] - m);
+    sum += e;
+    acc += e * __bfloat162float(vc[base + (size_t)p * kHeadDim + t]);
+  }
+  o[h * kHeadDim + t] = acc / sum;
+}
+__global__ void ref_silu_mul(const float* gt, const float* up, float* h) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < kInter) h[i] = gt[i] / (1.f + expf(-gt[i])) * up[i];
+}
+
+// Repack the logical weights into each block's stream (the layout the producer walks). desc[k] of
+// a layer's packed stage k: {block, kind, param}: kind 0 q (param: which of the kv head's two
+// query heads), 1 k, 2 v, 3 o (param: which 64-row half), 4 gate|up (param: the block's task), 5
+// down (param: the block's pair of tasks, zero past its last column).
+__global__ void pack(Weights wt, const int4* desc, int stages_per_layer, const int* task0, const int* tasks,
+                     __nv_bfloat16* packed) {
+  const size_t total = (size_t)kLayers * stages_per_layer * kStageElems;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const int e = static_cast<int>(i % kStageElems);
+    const int k = static_cast<int>((i / kStageElems) % stages_per_layer);
+    const int l = static_cast<int>(i / ((size_t)kStageElems * stages_per_layer));
+    const int4 d4 = desc[k];
+    const int b = d4.x, kind = d4.y, param = d4.z, r = b % kCluster, g = b / kCluster;
+    float v = 0.f;
+    if (kind <= 2) {  // 8 rows (head dims) of 1024
+      const int row = e / kHidden, col = e % kHidden, d = head_dim_of(r, row);
+      if (kind == 0)
+        v = __bfloat162float(wt.wq[(size_t)l * kHidden * kHidden + (size_t)((2 * g + param) * kHeadDim + d) * kHidden + col]);
+      else
+        v = __bfloat162float((kind == 1 ? wt.wk : wt.wv)[(size_t)l * kKvHeads * kHeadDim * kHidden +
+                                                         (size_t)(g * kHeadDim + d) * kHidden + col]);
+    } else if (kind == 3) {  // o: 64 rows, the two query heads' 128 columns
+      const int row = 128 * r + 64 * param + e / 128, col = 2 * g * kHeadDim + e % 128;
+      v = __bfloat162float(wt.wo[(size_t)l * kHidden * kHidden + (size_t)row * kHidden + col]);
+    } else if (kind == 4) {  // gate columns 4t..4t+3, then up columns 4t..4t+3
+      const int row = e / kHidden, col = e % kHidden, n = 4 * (task0[b] + param) + (row & 3);
+      v = __bfloat162float((row < 4 ? wt.wg : wt.wu)[(size_t)l * kInter * kHidden + (size_t)n * kHidden + col]);
+    } else {  // down: all 1024 output rows, 8 of the block's columns
+      const int row = e / 8, local = 8 * param + e % 8;
+      if (local < 4 * tasks[b])
+        v = __bfloat162float(wt.wd[(size_t)l * kHidden * kInter + (size_t)row * kInter + 4 * task0[b] + local]);
+    }
+    packed[i] = __float2bfloat16(v);
+  }
+}
+
+__global__ void fill_bf16(__nv_bfloat16* w, size_t count, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    w[i] = __float2bfloat16(((h & 0xffffu) / 32767.5f - 1.f) * scale);
+  }
+}
+__global__ void fill_f32(float* w, size_t count, unsigned seed, float center, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2246822519u ^ seed;
+    h ^= h >> 13;
+    h *= 2654435761u;
+    h ^= h >> 16;
+    w[i] = center + ((h & 0xffffu) / 32767.5f - 1.f) * scale;
+  }
+}
+
+// The globaltimer trace of one launch ([block][phase][mark]), summarized: each segment between
+// two marks averaged over layers 1-22, then its median and maximum over the phase-A blocks and
+// over the others (us).
+void print_trace(const std::vector<unsigned long long>& tr, int nblocks, int compute) {
+  auto at = [&](int blk, int p, int k) { return static_cast<double>(tr[((size_t)blk * 2 * kLayers + p) * kMarks + k]); };
+  // A segment (mark k0 -> k1 of phase A or B) averaged over layers 1-22, then its median and
+  // maximum over a set of blocks (us).
+  auto seg = [&](int b0, int b1, int phase, int k0, int k1, bool mx) {
+    std::vector<double> v;
+    for (int blk = b0; blk < b1; ++blk) {
+      double t = 0;
+      for (int l = 1; l < kLayers - 1; ++l) t += at(blk, 2 * l + phase, k1) - at(blk, 2 * l + phase, k0);
+      v.push_back(t / (kLayers - 2) / 1e3);
+    }
+    std::sort(v.begin(), v.end());
+    return mx ? v.back() : v[v.size() / 2];
+  };
+  // End of the block's previous phase (a B-only block's previous phase B) -> this phase's start.
+  auto wait_seg = [&](int b0, int b1, int phase, bool mx) {
+    std::vector<double> v;
+    for (int blk = b0; blk < b1; ++blk) {
+      double t = 0;
+      for (int l = 1; l < kLayers - 1; ++l)
+        t += at(blk, 2 * l + phase, 0) -
+             (phase && blk < kABlocks ? at(blk, 2 * l, kMarks - 1) : at(blk, 2 * l - 1, kMarks - 1));
+      v.push_back(t / (kLayers - 2) / 1e3);
+    }
+    std::sort(v.begin(), v.end());
+    return mx ? v.back() : v[v.size() / 2];
+  };
+  std::printf("trace%s, us a layer (layers 1-22), median / max over blocks:\n", compute ? "" : ", products not computed");
+  const int a_ends[] = {1, 2, 3, 4, 5, 6, 7};
+  const char* a_names[] = {"x+norm", "q|k|v", "rotary+DSMEM+sync", "attention", "sync+merge", "o-proj", "end"};
+  std::printf("  phase A (A blocks): wait %.2f/%.2f", wait_seg(0, kABlocks, 0, false), wait_seg(0, kABlocks, 0, true));
+  for (int k = 0; k < 7; ++k)
+    std::printf(" | %s %.2f/%.2f", a_names[k], seg(0, kABlocks, 0, k == 0 ? 0 : a_ends[k - 1], a_ends[k], false),
+                seg(0, kABlocks, 0, k == 0 ? 0 : a_ends[k - 1], a_ends[k], true));
+  std::printf("\n");
+  const int b_from[] = {0, 1, 2, 3, 4, 5}, b_to[] = {1, 2, 3, 4, 5, 7};
+  const char* b_names[] = {"x+norm", "gate|up", "down", "cluster sync", "reduce+atomics", "end"};
+  for (int set = 0; set < 2; ++set) {
+    const int b0 = set ? kABlocks : 0, b1 = set ? nblocks : kABlocks;
+    if (b0 == b1) continue;
+    std::printf("  phase B (%s): wait %.2f/%.2f", set ? "B-only blocks" : "A blocks", wait_seg(b0, b1, 1, false),
+                wait_seg(b0, b1, 1, true));
+    for (int k = 0; k < 6; ++k)
+      std::printf(" | %s %.2f/%.2f", b_names[k], seg(b0, b1, 1, b_from[k], b_to[k], false),
+                  seg(b0, b1, 1, b_from[k], b_to[k], true));
+    std::printf("\n");
+  }
+  std::printf("  whole token (block 0) %.1f us\n", (at(0, 2 * kLayers - 1, kMarks - 1) - at(0, 0, 0)) / 1e3);
+}
