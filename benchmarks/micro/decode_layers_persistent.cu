@@ -409,13 +409,13 @@ int main(int argc, char** argv) {
                 *wg = alloc<__nv_bfloat16>(kLayers * dgu), *wu = alloc<__nv_bfloat16>(kLayers * dgu),
                 *wd = alloc<__nv_bfloat16>(kLayers * dgu);
   const float sk = std::sqrt(3.f / kHidden), si = std::sqrt(3.f / kInter);
-  fill_bf16<<<1024, 256>>>(wq, kLayers * dq, 11u, sk);
-  fill_bf16<<<1024, 256>>>(wk, kLayers * dkv, 12u, sk);
-  fill_bf16<<<1024, 256>>>(wv, kLayers * dkv, 13u, sk);
-  fill_bf16<<<1024, 256>>>(wo, kLayers * dq, 14u, sk);
-  fill_bf16<<<1024, 256>>>(wg, kLayers * dgu, 15u, sk);
-  fill_bf16<<<1024, 256>>>(wu, kLayers * dgu, 16u, sk);
-  fill_bf16<<<1024, 256>>>(wd, kLayers * dgu, 17u, si);
+  fill_uniform_bf16<<<1024, 256>>>(wq, kLayers * dq, 11u, sk);
+  fill_uniform_bf16<<<1024, 256>>>(wk, kLayers * dkv, 12u, sk);
+  fill_uniform_bf16<<<1024, 256>>>(wv, kLayers * dkv, 13u, sk);
+  fill_uniform_bf16<<<1024, 256>>>(wo, kLayers * dq, 14u, sk);
+  fill_uniform_bf16<<<1024, 256>>>(wg, kLayers * dgu, 15u, sk);
+  fill_uniform_bf16<<<1024, 256>>>(wu, kLayers * dgu, 16u, sk);
+  fill_uniform_bf16<<<1024, 256>>>(wd, kLayers * dgu, 17u, si);
   float *g1 = alloc<float>(kLayers * kHidden), *g2 = alloc<float>(kLayers * kHidden);
   fill_f32<<<64, 256>>>(g1, kLayers * kHidden, 21u, 1.f, 0.2f);
   fill_f32<<<64, 256>>>(g2, kLayers * kHidden, 22u, 1.f, 0.2f);
@@ -423,8 +423,8 @@ int main(int argc, char** argv) {
   const size_t cache = (size_t)kLayers * kKvHeads * kMaxLen * kHeadDim;
   __nv_bfloat16 *kc = alloc<__nv_bfloat16>(cache), *vc = alloc<__nv_bfloat16>(cache);
   __nv_bfloat16 *rkc = alloc<__nv_bfloat16>(cache), *rvc = alloc<__nv_bfloat16>(cache);
-  fill_bf16<<<1024, 256>>>(kc, cache, 31u, 1.7f);
-  fill_bf16<<<1024, 256>>>(vc, cache, 32u, 1.7f);
+  fill_uniform_bf16<<<1024, 256>>>(kc, cache, 31u, 1.7f);
+  fill_uniform_bf16<<<1024, 256>>>(vc, cache, 32u, 1.7f);
   CK(cudaMemcpy(rkc, kc, cache * 2, cudaMemcpyDeviceToDevice));
   CK(cudaMemcpy(rvc, vc, cache * 2, cudaMemcpyDeviceToDevice));
   std::vector<float> cs(32), sn(32);

@@ -240,15 +240,6 @@ __global__ void pack(Weights wt, const int4* desc, int stages_per_layer, const i
   }
 }
 
-__global__ void fill_bf16(__nv_bfloat16* w, size_t count, unsigned seed, float scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    w[i] = __float2bfloat16(((h & 0xffffu) / 32767.5f - 1.f) * scale);
-  }
-}
 __global__ void fill_f32(float* w, size_t count, unsigned seed, float center, float scale) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
     unsigned h = static_cast<unsigned>(i) * 2246822519u ^ seed;

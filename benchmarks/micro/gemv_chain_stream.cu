@@ -148,17 +148,6 @@ __global__ void reference(const __nv_bfloat16* w, const __nv_bfloat16* x, __nv_b
   if (lane == 0) out[col] = __float2bfloat16(sum);
 }
 
-// Uniform in +-sqrt(3/k): a phase keeps the activations' scale.
-__global__ void fill(__nv_bfloat16* w, size_t count, unsigned seed, float scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    w[i] = __float2bfloat16(((h & 0xffffu) / 32767.5f - 1.f) * scale);
-  }
-}
-
 int main() {
   std::vector<Phase> host;
   unsigned seed = 1;
@@ -167,7 +156,7 @@ int main() {
       __nv_bfloat16* w = nullptr;
       const size_t count = (size_t)nk.first * nk.second;
       CK(cudaMalloc(&w, count * 2));
-      fill<<<1024, 256>>>(w, count, seed++ * 7919u, std::sqrt(3.f / nk.second));
+      fill_uniform_bf16<<<1024, 256>>>(w, count, seed++ * 7919u, std::sqrt(3.f / nk.second));
       host.push_back({w, nk.first, nk.second});
     }
   // The chain multiplies 8192-long outputs into 1024-long inputs as written; only the first
@@ -179,7 +168,7 @@ int main() {
   CK(cudaMemcpy(phases, host.data(), host.size() * sizeof(Phase), cudaMemcpyHostToDevice));
   __nv_bfloat16 *a, *b, *ra, *rb, *x0;
   for (auto** p : {&a, &b, &ra, &rb, &x0}) CK(cudaMalloc(p, 8192 * 2));
-  fill<<<8, 256>>>(x0, 8192, 12345u, 1.7f);
+  fill_uniform_bf16<<<8, 256>>>(x0, 8192, 12345u, 1.7f);
   unsigned* arrivals = nullptr;
   CK(cudaMalloc(&arrivals, 4));
   CK(cudaMemset(arrivals, 0, 4));

@@ -1,7 +1,8 @@
-// Helpers the micro-benchmarks share: a CUDA error check, and the PTX wrappers for mbarriers,
-// bulk copies and the acquire/release accesses of grid-wide counters (sm_90). Each .cu file
+// Helpers the micro-benchmarks share: a CUDA error check, a seeded uniform bf16 fill, and the PTX
+// wrappers for mbarriers, bulk copies and the acquire/release accesses of grid-wide counters (sm_90). Each .cu file
 // still builds alone with one nvcc line: this header sits beside it.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -53,4 +54,14 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 }
 __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Uniform in +-scale, a hash of the index and the seed (the same values on every run).
+__global__ void fill_uniform_bf16(__nv_bfloat16* w, size_t count, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    w[i] = __float2bfloat16(((h & 0xffffu) / 32767.5f - 1.f) * scale);
+  }
 }
