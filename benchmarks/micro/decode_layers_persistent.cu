@@ -12,8 +12,9 @@
 //     o-projection, added into the next residual row with red.global.add (split-k over kv heads;
 //     cluster 0 adds the residual itself).
 //   phase B, every block: RMSNorm(x) -> gate|up of its intermediate columns -> SiLU * up -> those
-//     columns of the down projection for all 1024 outputs -> summed across the cluster through
-//     DSMEM -> red.global.add into the next residual row. Blocks that have no phase-A work take
+//     columns of the down projection for all 1024 outputs -> summed across the cluster (each
+//     block pushes its partial sums to the rows' owners with st.async, or, sync kind 0, every
+//     block reads the others' after a cluster sync) -> red.global.add into the next residual row. Blocks that have no phase-A work take
 //     more columns, so every block streams about the same bytes a layer.
 //   Two arrival counters separate the phases (2 grid-wide dependencies a layer, 48 a token);
 //   cluster syncs are mbarriers arrived at remotely, so the producer warps never join them.
@@ -21,16 +22,18 @@
 //
 // The weights never wait for a dependency: a producer warp a block streams the block's whole
 // token of weights (repacked per block at load time) and its cached key/value rows into a
-// 12-stage shared-memory ring (cp.async.bulk, 16 KB stages), running ahead across the waits as
-// far as the ring allows; eight consumer warps compute from the ring.
+// 13-stage shared-memory ring (cp.async.bulk, 16 KB stages), running ahead across the waits as
+// far as the ring allows; eight consumer warps compute from the ring. Copies in flight are capped
+// (2 is best): a release (a remote arrival, the phase's closing arrival) waits for the SM's
+// copies in flight, and a deep queue makes each copy microseconds late.
 //
 // Checked against a plain kernel an op (logical, unpacked weights) after 1 and 24 layers: the
 // residual row and the cache rows written. Timed: median of CUDA-event-timed launches; also a
 // variant without the grid-wide waits (wrong results; how fast the stream alone goes), and a
-// trace of two blocks' phase times (globaltimer).
-// The shapes, device helpers, reference, repacking and trace summary are in
-// decode_layers_support.cuh beside it.
-//   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu && /tmp/dlp [tasks]
+// trace of every block's phase times (globaltimer).
+// Shapes, device helpers, repacking and the trace summary: decode_layers_support.cuh; weights,
+// reference, check and timing: decode_layers_model.cuh.
+//   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu && /tmp/dlp [tasks [cap]]
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,11 +50,15 @@
 
 namespace cg = cooperative_groups;
 
-#include "decode_layers_support.cuh"
+#include "decode_layers_model.cuh"
 
+// The ring's depth; -DDLP_STAGES=13 is the most that fits beside Smem in 227 KB.
+#ifndef DLP_STAGES
+#define DLP_STAGES 13
+#endif
 struct Smem {
-  uint64_t full[12], empty[12], csync[2];
-  float xs[kHidden], xn[kHidden], part[kHidden];
+  uint64_t full[DLP_STAGES], empty[DLP_STAGES], csync[2], pushed, got_qkv, got_state;
+  alignas(16) float xs[kHidden], xn[kHidden], part[kHidden];  // read as float4
   float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (DSMEM)
   float loc[32], sc[2][72], stat[2][2], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
@@ -81,17 +88,27 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     }
     mbar_init(&S.csync[0], kCluster);
     mbar_init(&S.csync[1], kCluster);
+    mbar_init(&S.pushed, 1);
+    mbar_init(&S.got_qkv, 1);
+    mbar_init(&S.got_state, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster.sync();  // every block's barriers exist before any remote arrival
 
   if (warp == kConsumers) {  // producer: the block's stages, layer after layer, as fast as slots free
     if (lane != 0) return;
+    const int max_inflight = st.max_inflight;
     unsigned i = 0;
     for (int l = 0; l < st.layers; ++l) {
       const __nv_bfloat16* src = st.packed + ((size_t)l * st.stages_per_layer + st.pre[b]) * kStageElems;
       for (int k = 0; k < packed_per_layer + (has_a ? 1 : 0); ++k, ++i) {
         const int s = i % STAGES;
+        // At most max_inflight copies in flight: a release fence (a remote arrival, the phase's
+        // arrival) waits for the SM's copies still in flight, and a deep queue makes each late.
+        if (max_inflight && i >= (unsigned)max_inflight) {
+          const unsigned j = i - max_inflight;
+          mbar_wait(&S.full[j % STAGES], (j / STAGES) & 1);
+        }
         mbar_wait(&S.empty[s], ((i / STAGES) & 1) ^ 1);
         unsigned char* dst = ring + (size_t)s * kStageBytes;
         mbar_expect_bytes(&S.full[s], kStageBytes);
@@ -123,11 +140,19 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     if (lane == 0) mbar_arrive(&S.empty[i % STAGES]);
     ++i;
   };
+  auto cluster_arrive_wait = [&]() {  // after a consumers_sync: every block of the cluster there too
+    const unsigned k = csyncs++;
+    if (tid < kCluster) {
+      if (st.sync_kind == 1)
+        mbar_arrive_remote_relaxed(&S.csync[k & 1], tid);  // timing only: nothing orders the writes
+      else
+        mbar_arrive_remote(&S.csync[k & 1], tid);
+    }
+    mbar_wait_cluster(&S.csync[k & 1], (k >> 1) & 1);
+  };
   auto cluster_sync = [&]() {  // consumers of the whole cluster; the producer warps do not join
     consumers_sync();
-    const unsigned k = csyncs++;
-    if (tid < kCluster) mbar_arrive_remote(&S.csync[k & 1], tid);
-    mbar_wait_cluster(&S.csync[k & 1], (k >> 1) & 1);
+    cluster_arrive_wait();
   };
   auto mark = [&](int p, int k) {
     if (tid == 0 && st.trace) st.trace[((size_t)b * 2 * st.layers + p) * kMarks + k] = globaltimer();
@@ -188,6 +213,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     float* out = st.rows + ((p + 1) % 3) * kHidden;
     if (has_a) {  // ---------------- phase A: kv head g, query heads 2g and 2g+1 ----------------
       begin_phase(p, wt.g1 + (size_t)l * kHidden);
+      // Sync kind 3: the cluster's exchanges in this phase are pushes (st.async) that complete
+      // these barriers' byte counts: q|k|v, 32 floats from each block; the attention's partial
+      // states, 2 x 64 outputs into S.xn (dead after load_x) and 2 x (max, sum) into S.loc.
+      const bool push_a = st.sync_kind == 3;
+      if (push_a && tid == 0) {
+        mbar_expect_bytes(&S.got_qkv, kCluster * 32 * 4);
+        mbar_expect_bytes(&S.got_state, kCluster * (2 * kHeadDim + 4) * 4);
+      }
       float xr[32];
       load_x(xr, S.xn, lane);
       {  // q (head 2g), q (2g+1), k, v, the four stages at once: warp w computes head dim head_dim_of(rank, w)
@@ -210,13 +243,21 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
         }
         if (t > 1) v = round_bf16(v);
         float* arr = t < 2 ? S.qf[t] : t == 2 ? S.kf : S.vf;
-        for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(arr, q)[d] = v;
+        for (int q = 0; q < kCluster; ++q) {
+          if (push_a)
+            push_b32(arr + d, &S.got_qkv, q, v);
+          else
+            cluster.map_shared_rank(arr, q)[d] = v;
+        }
         if (t > 1) {
           __nv_bfloat16* cache = t == 2 ? st.kc : st.vc;
           cache[(((size_t)l * kKvHeads + g) * kMaxLen + kPos) * kHeadDim + d] = __float2bfloat16(v);
         }
       }
-      cluster_sync();
+      if (push_a)
+        mbar_wait(&S.got_qkv, l & 1);
+      else
+        cluster_sync();
       mark(p, 3);
       const int n = rank == kCluster - 1 ? 65 : 64;  // the last block also takes the new position
       {  // attention of both query heads over this block's 64 cached positions
@@ -289,6 +330,30 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
           }
         }
         mark(p, 4);
+        if (push_a) {
+          consumers_sync();
+          {  // thread t: outputs 4(t%32).. of both heads to block t/32
+            const int to = tid >> 5, head = (tid >> 4) & 1, dd = 4 * (tid & 15);
+            const float* o = &S.state[head][2 + dd];
+            push_v4(S.xn + 128 * rank + 64 * head + dd, &S.got_state, to, make_float4(o[0], o[1], o[2], o[3]));
+          }
+          if (tid < kCluster)
+            push_v4(S.loc + 4 * rank, &S.got_state, tid,
+                    make_float4(S.state[0][0], S.state[0][1], S.state[1][0], S.state[1][1]));
+          mbar_wait(&S.got_state, l & 1);
+          if (tid < 2 * kHeadDim) {
+            const int head = tid >> 6, d = tid & 63;
+            float M = -INFINITY;
+            for (int q = 0; q < kCluster; ++q) M = fmaxf(M, S.loc[4 * q + 2 * head]);
+            float L = 0.f, O = 0.f;
+            for (int q = 0; q < kCluster; ++q) {
+              const float f = __expf(S.loc[4 * q + 2 * head] - M);
+              L = fmaf(f, S.loc[4 * q + 2 * head + 1], L);
+              O = fmaf(f, S.xn[128 * q + 64 * head + d], O);
+            }
+            S.attn[tid] = O / L;
+          }
+        } else {
         cluster_sync();
         if (tid < 2 * kHeadDim) {  // merge the cluster's eight partial states of each head
           const int head = tid >> 6, d = tid & 63;
@@ -305,6 +370,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
             O = fmaf(f, rs[2 + d], O);
           }
           S.attn[tid] = O / L;
+        }
         }
         consumers_sync();
         mark(p, 5);
@@ -370,10 +436,38 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
         for (int q = 0; q < 4; ++q) acc[q] += dot8(w[tid + kCT * q], S.h + 8 * s);
       release();
     }
+    if (st.sync_kind >= 2) {
+      // Each block pushes its partial sums to their rows' owners (st.async: the data and the
+      // owner's transaction count travel together, no release fence, no cluster barrier); the
+      // owner waits for the 8 x 512 bytes on its own barrier. S.xn (dead after load_x) stages
+      // the partials so that a thread pushes 4 consecutive rows; S.part receives [sender][128].
+      if (tid == 0) mbar_expect_bytes(&S.pushed, kCluster * 128 * 4);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) S.xn[tid + kCT * q] = acc[q];
+      mark(p, 3);
+      consumers_sync();
+      mark(p, 6);
+      {
+        const int row = 4 * tid, owner = row / 128;
+        const float4 v = *reinterpret_cast<const float4*>(S.xn + row);
+        push_v4(S.part + 128 * rank + row % 128, &S.pushed, owner, v);
+      }
+      mbar_wait(&S.pushed, l & 1);
+      mark(p, 4);
+      if (tid < 128) {
+        const int j = 128 * rank + tid;
+        float v = c == 0 ? S.xs[j] : 0.f;
+#pragma unroll
+        for (int q = 0; q < kCluster; ++q) v += S.part[128 * q + tid];
+        atomicAdd(out + j, v);
+      }
+    } else {
 #pragma unroll
     for (int q = 0; q < 4; ++q) S.part[tid + kCT * q] = acc[q];
     mark(p, 3);
-    cluster_sync();
+    consumers_sync();
+    mark(p, 6);  // phase B's mark 6: every warp of the block done (phase A uses 6 before its end)
+    cluster_arrive_wait();
     mark(p, 4);
     if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
       const int j = 128 * rank + tid;
@@ -381,17 +475,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
       for (int q = 0; q < kCluster; ++q) v += cluster.map_shared_rank(S.part, q)[j];
       atomicAdd(out + j, v);
     }
+    }
     mark(p, 5);
     end_phase(p);
   }
   cluster_sync();  // no block leaves while another may still read its shared memory
-}
-
-template <typename T>
-T* alloc(size_t count) {
-  T* p = nullptr;
-  CK(cudaMalloc(&p, count * sizeof(T)));
-  return p;
 }
 
 int main(int argc, char** argv) {
@@ -401,48 +489,16 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs\n", prop.name, sms);
-  const size_t dq = (size_t)kHidden * kHidden, dkv = (size_t)kKvHeads * kHeadDim * kHidden;
-  const size_t dgu = (size_t)kInter * kHidden;
-  Weights wt{};
-  __nv_bfloat16 *wq = alloc<__nv_bfloat16>(kLayers * dq), *wk = alloc<__nv_bfloat16>(kLayers * dkv),
-                *wv = alloc<__nv_bfloat16>(kLayers * dkv), *wo = alloc<__nv_bfloat16>(kLayers * dq),
-                *wg = alloc<__nv_bfloat16>(kLayers * dgu), *wu = alloc<__nv_bfloat16>(kLayers * dgu),
-                *wd = alloc<__nv_bfloat16>(kLayers * dgu);
-  const float sk = std::sqrt(3.f / kHidden), si = std::sqrt(3.f / kInter);
-  fill_uniform_bf16<<<1024, 256>>>(wq, kLayers * dq, 11u, sk);
-  fill_uniform_bf16<<<1024, 256>>>(wk, kLayers * dkv, 12u, sk);
-  fill_uniform_bf16<<<1024, 256>>>(wv, kLayers * dkv, 13u, sk);
-  fill_uniform_bf16<<<1024, 256>>>(wo, kLayers * dq, 14u, sk);
-  fill_uniform_bf16<<<1024, 256>>>(wg, kLayers * dgu, 15u, sk);
-  fill_uniform_bf16<<<1024, 256>>>(wu, kLayers * dgu, 16u, sk);
-  fill_uniform_bf16<<<1024, 256>>>(wd, kLayers * dgu, 17u, si);
-  float *g1 = alloc<float>(kLayers * kHidden), *g2 = alloc<float>(kLayers * kHidden);
-  fill_f32<<<64, 256>>>(g1, kLayers * kHidden, 21u, 1.f, 0.2f);
-  fill_f32<<<64, 256>>>(g2, kLayers * kHidden, 22u, 1.f, 0.2f);
-  wt = {wq, wk, wv, wo, wg, wu, wd, g1, g2};
-  const size_t cache = (size_t)kLayers * kKvHeads * kMaxLen * kHeadDim;
-  __nv_bfloat16 *kc = alloc<__nv_bfloat16>(cache), *vc = alloc<__nv_bfloat16>(cache);
-  __nv_bfloat16 *rkc = alloc<__nv_bfloat16>(cache), *rvc = alloc<__nv_bfloat16>(cache);
-  fill_uniform_bf16<<<1024, 256>>>(kc, cache, 31u, 1.7f);
-  fill_uniform_bf16<<<1024, 256>>>(vc, cache, 32u, 1.7f);
-  CK(cudaMemcpy(rkc, kc, cache * 2, cudaMemcpyDeviceToDevice));
-  CK(cudaMemcpy(rvc, vc, cache * 2, cudaMemcpyDeviceToDevice));
-  std::vector<float> cs(32), sn(32);
-  for (int i = 0; i < 32; ++i) {
-    const double ang = kPos * std::pow(10000.0, -2.0 * i / kHeadDim);
-    cs[i] = static_cast<float>(std::cos(ang));
-    sn[i] = static_cast<float>(std::sin(ang));
-  }
-  float *cosv = alloc<float>(32), *sinv = alloc<float>(32), *x0 = alloc<float>(kHidden);
-  CK(cudaMemcpy(cosv, cs.data(), 128, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(sinv, sn.data(), 128, cudaMemcpyHostToDevice));
-  fill_f32<<<4, 256>>>(x0, kHidden, 41u, 0.f, 1.7f);
+  Model m;  // random weights, cache, the token's embedding row, the reference's buffers
+  const Weights wt = m.weights();
+  __nv_bfloat16 *const kc = m.kc, *const vc = m.vc;
+  const float *const cosv = m.cosv, *const sinv = m.sinv, *const x0 = m.x0;
   float* rows = alloc<float>(3 * kHidden);
   CK(cudaMemset(rows, 0, 3 * kHidden * 4));
   CK(cudaDeviceSynchronize());
 
   // Bytes a token: every weight once, the cached rows read (513 positions, k and v) once.
-  const double weight_bytes = (double)kLayers * 2 * (2 * dq + 2 * dkv + 3 * dgu);
+  const double weight_bytes = (double)kLayers * 2 * (2 * kDq + 2 * kDkv + 3 * kDgu);
   const double cache_bytes = (double)kLayers * kKvHeads * (kPos + 1) * kHeadDim * 2 * 2;
   // The datasheet bandwidth the issue's roofline uses (H200 4.8 TB/s, H100 SXM 3.35 TB/s).
   const double peak = std::strstr(prop.name, "H200") ? 4.8e12 : 3.35e12;
@@ -451,7 +507,7 @@ int main(int argc, char** argv) {
 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  constexpr int kStages = 12;
+  constexpr int kStages = DLP_STAGES;
   const size_t shared = kStages * kStageBytes + sizeof(Smem);
   auto kernel = decode_layers<kStages>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
@@ -469,64 +525,24 @@ int main(int argc, char** argv) {
     std::printf("fewer than %d co-resident clusters: phase A cannot be laid out\n", kKvHeads);
     return 1;
   }
-  // Phase-B tasks a block: blocks without phase-A work (112 KB a layer, about 4.7 tasks' worth)
-  // take more, so every block streams about the same bytes a layer; argv[1] sets the phase-A
-  // blocks' count instead.
+  // Phase-B tasks a block: blocks without phase-A work take more. Streaming the same bytes a
+  // block (112 KB of phase-A stages are about 4.7 tasks' worth) gives the phase-A blocks 6; with
+  // phase A's exchanges pushed its chain is short enough that 8 is fastest (5-10 measured on an
+  // H100, sixth session). argv[1] sets the phase-A blocks' count.
   const int nblocks = clusters * kCluster, nb = nblocks - kABlocks;
-  std::vector<int> task0(nblocks), tasks(nblocks), pre(nblocks);
-  {
-    int ta = nb == 0 ? kTasks / kABlocks : static_cast<int>((kTasks - 4.67 * nb) / nblocks);
-    if (argc > 1) ta = std::atoi(argv[1]);
-    ta = std::max(1, ta);
-    const int rest = kTasks - ta * kABlocks;
-    for (int bl = 0; bl < nblocks; ++bl)
-      tasks[bl] = bl < kABlocks ? ta : rest / nb + ((bl - kABlocks) < rest % nb ? 1 : 0);
-    int t0 = 0;
-    for (int bl = 0; bl < nblocks; ++bl) {
-      task0[bl] = t0;
-      t0 += tasks[bl];
-      if (tasks[bl] > kMaxTasks) {
-        std::printf("block %d: %d tasks, more than %d\n", bl, tasks[bl], kMaxTasks);
-        return 1;
-      }
-    }
-    if (t0 != kTasks) {
-      std::printf("tasks %d != %d\n", t0, kTasks);
-      return 1;
-    }
-  }
-  std::vector<int4> desc;
-  for (int bl = 0; bl < nblocks; ++bl) {
-    pre[bl] = static_cast<int>(desc.size());
-    if (bl < kABlocks) {
-      for (int t = 0; t < 4; ++t) desc.push_back({bl, t < 2 ? 0 : t - 1, t < 2 ? t : 0, 0});
-      desc.push_back({bl, 3, 0, 0});
-      desc.push_back({bl, 3, 1, 0});
-    }
-    for (int t = 0; t < tasks[bl]; ++t) desc.push_back({bl, 4, t, 0});
-    for (int t = 0; t < (tasks[bl] + 1) / 2; ++t) desc.push_back({bl, 5, t, 0});
-  }
-  const int spl = static_cast<int>(desc.size());
-  std::printf("%d blocks: %d with phase A (%d tasks each), %d without (%d-%d tasks); %d stages of 16 KB a layer\n",
-              nblocks, kABlocks, tasks[0], nb, nb ? *std::min_element(tasks.begin() + kABlocks, tasks.end()) : 0,
-              nb ? *std::max_element(tasks.begin() + kABlocks, tasks.end()) : 0, spl);
-  int *d_task0 = alloc<int>(nblocks), *d_tasks = alloc<int>(nblocks), *d_pre = alloc<int>(nblocks);
-  int4* d_desc = alloc<int4>(spl);
-  CK(cudaMemcpy(d_task0, task0.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_tasks, tasks.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_pre, pre.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_desc, desc.data(), spl * sizeof(int4), cudaMemcpyHostToDevice));
-  __nv_bfloat16* packed = alloc<__nv_bfloat16>((size_t)kLayers * spl * kStageElems);
-  pack<<<4096, 256>>>(wt, d_desc, spl, d_task0, d_tasks, packed);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
+  const Layout lay = pack_layout(wt, nblocks, argc > 1 ? std::atoi(argv[1]) : (nb == 0 ? kTasks / kABlocks : 8));
+  if (!lay.packed) return 1;
+  const int spl = lay.stages_per_layer;
+  int *const d_task0 = lay.task0, *const d_tasks = lay.tasks, *const d_pre = lay.pre;
+  __nv_bfloat16* const packed = lay.packed;
   unsigned* counters = alloc<unsigned>(2);
   CK(cudaMemset(counters, 0, 8));
   unsigned long long* trace = alloc<unsigned long long>((size_t)nblocks * 2 * kLayers * kMarks);
   unsigned base_a = 0, base_b = 0;
+  int sync_kind = 0, max_inflight = 0;  // the variants below set them
   auto launch = [&](int layers, int grid_wait, bool traced = false, int compute = 1) {
     Step st{packed, d_task0, d_tasks, d_pre, spl, kc, vc, cosv, sinv, x0, rows, counters, base_a, base_b,
-            layers, grid_wait, compute, traced ? trace : nullptr};
+            layers, grid_wait, compute, sync_kind, max_inflight, traced ? trace : nullptr};
     kernel<<<nblocks, kThreads, shared, stream>>>(wt, st);
     CK(cudaGetLastError());
     if (compute != 2) {  // the stream-alone variant arrives nowhere
@@ -534,87 +550,31 @@ int main(int argc, char** argv) {
       base_b += layers * nblocks;
     }
   };
-  // Reference, on its own cache copy.
-  float *rx = alloc<float>(kHidden), *rx1 = alloc<float>(kHidden), *xn = alloc<float>(kHidden),
-        *q = alloc<float>(kHidden), *k = alloc<float>(512), *v = alloc<float>(512), *o = alloc<float>(kHidden),
-        *gt = alloc<float>(kInter), *up = alloc<float>(kInter), *hh = alloc<float>(kInter);
-  auto reference = [&](int layers) {
-    CK(cudaMemcpyAsync(rx, x0, kHidden * 4, cudaMemcpyDeviceToDevice, stream));
-    for (int l = 0; l < layers; ++l) {
-      ref_norm<<<1, 256, 0, stream>>>(rx, g1 + l * kHidden, xn);
-      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wq + l * dq, xn, q, kHidden, kHidden, nullptr);
-      ref_gemv<<<512 / 4, 128, 0, stream>>>(wk + l * dkv, xn, k, 512, kHidden, nullptr);
-      ref_gemv<<<512 / 4, 128, 0, stream>>>(wv + l * dkv, xn, v, 512, kHidden, nullptr);
-      ref_rotary_cache<<<kHeads + kKvHeads, 32, 0, stream>>>(q, k, v, cosv, sinv, rkc, rvc, l);
-      ref_attention<<<kHeads, kHeadDim, 0, stream>>>(q, rkc, rvc, l, o);
-      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wo + l * dq, o, rx1, kHidden, kHidden, rx);
-      ref_norm<<<1, 256, 0, stream>>>(rx1, g2 + l * kHidden, xn);
-      ref_gemv<<<kInter / 4, 128, 0, stream>>>(wg + l * dgu, xn, gt, kInter, kHidden, nullptr);
-      ref_gemv<<<kInter / 4, 128, 0, stream>>>(wu + l * dgu, xn, up, kInter, kHidden, nullptr);
-      ref_silu_mul<<<kInter / 256, 256, 0, stream>>>(gt, up, hh);
-      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wd + l * dgu, hh, rx, kHidden, kInter, rx1);
-    }
-    CK(cudaGetLastError());
-  };
-  auto rel_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      d += (double)(a[i] - b[i]) * (a[i] - b[i]);
-      n += (double)b[i] * b[i];
-    }
-    return std::sqrt(d / std::max(n, 1e-30));
-  };
   bool ok = true;
-  for (int layers : {1, kLayers}) {
+  // Sync kind x 100 + layers: 2xx phase B's partials pushed, 3xx phase A's exchanges too.
+  for (int variant : {1, kLayers, 200 + 1, 200 + kLayers, 300 + 1, 300 + kLayers}) {
+    sync_kind = variant / 100;
+    max_inflight = sync_kind ? 2 : 0;
+    const int layers = variant % 100;
     CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));  // a launch of 2L phases leaves rows[(2L+1)%3] zero
     launch(layers, 1);
-    reference(layers);
+    m.reference(stream, layers);
     CK(cudaStreamSynchronize(stream));
-    std::vector<float> got(kHidden), want(kHidden);
-    CK(cudaMemcpy(got.data(), rows + ((2 * layers) % 3) * kHidden, kHidden * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(want.data(), rx, kHidden * 4, cudaMemcpyDeviceToHost));
-    const double r = rel_diff(got, want);
-    // The cache rows written at kPos in the last layer, every kv head (k after rotary, v).
-    std::vector<__nv_bfloat16> gk(kKvHeads * kHeadDim), wk2(kKvHeads * kHeadDim);
-    double kd = 0, kn = 0;
-    for (int which = 0; which < 2; ++which)
-      for (int gg = 0; gg < kKvHeads; ++gg) {
-        const size_t off = (((size_t)(layers - 1) * kKvHeads + gg) * kMaxLen + kPos) * kHeadDim;
-        CK(cudaMemcpy(gk.data(), (which ? vc : kc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(wk2.data(), (which ? rvc : rkc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
-        for (int d = 0; d < kHeadDim; ++d) {
-          const double a = __bfloat162float(gk[d]), bb = __bfloat162float(wk2[d]);
-          kd += (a - bb) * (a - bb);
-          kn += bb * bb;
-        }
-      }
-    const double kr = std::sqrt(kd / std::max(kn, 1e-30));
-    const double lim = layers == 1 ? 1e-4 : 2e-3;
-    const bool pass = r < lim && kr < 1e-2;
-    ok = ok && pass;
-    std::printf("check after %d layer(s): residual norm-relative %.2e (limit %.0e), cache rows %.2e, |ref| %.3g %s\n",
-                layers, r, lim, kr, std::sqrt([&] { double n = 0; for (float x : want) n += (double)x * x; return n; }()),
-                pass ? "ok" : "<-- WRONG");
+    char what[64];
+    std::snprintf(what, sizeof what, "%s", sync_kind == 3 ? "phases A and B pushed, 2 copies in flight"
+                                           : sync_kind     ? "phase B pushed, 2 copies in flight"
+                                                           : "cluster syncs");
+    ok = m.check(rows + ((2 * layers) % 3) * kHidden, layers, what) && ok;
   }
-  auto time_it = [&](auto&& body, int iters) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int it = 0; it < iters + 10; ++it) {
-      CK(cudaEventRecord(e0, stream));
-      body();
-      CK(cudaEventRecord(e1, stream));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (it >= 10) ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-  };
+  auto time_it = [&](auto&& body, int iters) { return median_ms(stream, body, iters); };
   const double bytes = weight_bytes + cache_bytes;
-  for (int compute : {1, 0}) {  // where a layer's time goes: blocks 0 (phases A and B) and the last (B only)
+  for (int variant : {1, 0, 3, 4}) {  // where a layer's time goes; 3: phase B pushed; 4: phases A and B pushed
+    const int compute = variant == 0 ? 0 : 1;
+    sync_kind = variant == 3 ? 2 : variant == 4 ? 3 : 0;
+    max_inflight = variant >= 3 ? (argc > 2 ? std::atoi(argv[2]) : 1) : 0;
+    if (variant >= 3)
+      std::printf("(%s pushed, %d copies in flight)\n", variant == 3 ? "phase B's partials" : "phases A and B's exchanges",
+                  max_inflight);
     CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
     const size_t marks = (size_t)nblocks * 2 * kLayers * kMarks;
     CK(cudaMemsetAsync(trace, 0, marks * 8, stream));
@@ -624,18 +584,37 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(tr.data(), trace, marks * 8, cudaMemcpyDeviceToHost));
     print_trace(tr, nblocks, compute);
   }
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 2; ++round) {
     for (int compute : {1, 0, 2})
       for (int wait : {1, 0}) {
         if (compute == 2 && wait) continue;
         CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
+        sync_kind = 0;
+        max_inflight = 0;  // as first built: cluster syncs, the ring's 13 copies in flight
         const float ms = time_it([&] { launch(kLayers, wait, false, compute); }, 100);
         std::printf("round %d: persistent, %d clusters of %d, 2 grid dependencies a layer%s%s: median %.4f ms, %.0f GB/s, "
                     "%.1f%% of peak\n",
                     round, clusters, kCluster, wait ? "" : ", NO grid wait", compute == 1 ? "" : compute == 0 ? ", products NOT computed" : ", the weight stream ALONE",
                     ms, bytes / ms / 1e6, 100.0 * bytes / ms / 1e-3 / peak);
       }
-    const float ref_ms = time_it([&] { reference(kLayers); }, 20);
+    // (sync kind, copies in flight, compute): the stream alone at a cap, then the full kernel.
+    const int3 variants[] = {{0, 2, 2}, {0, 2, 1}, {2, 2, 1}, {3, 2, 1}, {3, 1, 1}, {3, 3, 1}, {1, 2, 1}};
+    for (const int3 v : variants) {
+      sync_kind = v.x;
+      max_inflight = v.y;
+      CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
+      const float ms = time_it([&] { launch(kLayers, v.z == 2 ? 0 : 1, false, v.z); }, 100);
+      std::printf("round %d: persistent, %s, %d copies in flight: median %.4f ms, %.0f GB/s, %.1f%% of peak\n", round,
+                  v.z == 2      ? "the weight stream ALONE"
+                  : v.x == 3    ? "phases A and B pushed"
+                  : v.x == 2    ? "phase B's partials pushed"
+                  : v.x == 1    ? "relaxed arrivals (timing only)"
+                                : "cluster syncs",
+                  v.y, ms, bytes / ms / 1e6, 100.0 * bytes / ms / 1e-3 / peak);
+    }
+    max_inflight = 0;
+    sync_kind = 0;
+    const float ref_ms = time_it([&] { m.reference(stream, kLayers); }, 20);
     std::printf("round %d: reference (plain kernels, not tuned, for scale): %.4f ms\n", round, ref_ms);
   }
   std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");

@@ -40,6 +40,30 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank)
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
+// Timing only: a remote arrival that orders none of the thread's earlier writes.
+__device__ __forceinline__ void mbar_arrive_remote_relaxed(uint64_t* bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+// 16 bytes into block `rank`'s shared memory at the address `dst` has in this block, completing
+// 16 bytes of the transaction count of that block's barrier at `bar`'s offset.
+__device__ __forceinline__ void push_v4(float* dst, uint64_t* bar, unsigned rank, float4 v) {
+  unsigned rd, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(rd),
+               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
+               : "memory");
+}
+__device__ __forceinline__ void push_b32(float* dst, uint64_t* bar, unsigned rank, float v) {
+  unsigned rd, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rd), "r"(__float_as_uint(v)),
+               "r"(rb)
+               : "memory");
+}
 __device__ __forceinline__ void consumers_sync() {  // named barrier 1: the consumer warps only
   asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory");
 }
@@ -71,6 +95,8 @@ struct Step {
   unsigned base_a, base_b;
   int layers, grid_wait;
   int compute;  // 0: the products only wait for and release their stages; 2: nothing but the stream
+  int sync_kind;  // 0: remote arrivals with release; 1: relaxed (timing only); 2: phase B pushes (st.async); 3: A and B push
+  int max_inflight;  // the producer's copies in flight at most (0: the ring's depth)
   unsigned long long* trace;  // null, or [block][2 * layers phases][kMarks points in the phase]
 };
 
@@ -288,17 +314,42 @@ void print_trace(const std::vector<unsigned long long>& tr, int nblocks, int com
     std::printf(" | %s %.2f/%.2f", a_names[k], seg(0, kABlocks, 0, k == 0 ? 0 : a_ends[k - 1], a_ends[k], false),
                 seg(0, kABlocks, 0, k == 0 ? 0 : a_ends[k - 1], a_ends[k], true));
   std::printf("\n");
-  const int b_from[] = {0, 1, 2, 3, 4, 5}, b_to[] = {1, 2, 3, 4, 5, 7};
-  const char* b_names[] = {"x+norm", "gate|up", "down", "cluster sync", "reduce+atomics", "end"};
+  const int b_from[] = {0, 1, 2, 3, 6, 4, 5}, b_to[] = {1, 2, 3, 6, 4, 5, 7};
+  const char* b_names[] = {"x+norm", "gate|up", "down", "block sync", "cluster sync", "reduce+atomics", "end"};
   for (int set = 0; set < 2; ++set) {
     const int b0 = set ? kABlocks : 0, b1 = set ? nblocks : kABlocks;
     if (b0 == b1) continue;
     std::printf("  phase B (%s): wait %.2f/%.2f", set ? "B-only blocks" : "A blocks", wait_seg(b0, b1, 1, false),
                 wait_seg(b0, b1, 1, true));
-    for (int k = 0; k < 6; ++k)
+    for (int k = 0; k < 7; ++k)
       std::printf(" | %s %.2f/%.2f", b_names[k], seg(b0, b1, 1, b_from[k], b_to[k], false),
                   seg(b0, b1, 1, b_from[k], b_to[k], true));
     std::printf("\n");
+  }
+  // Phase B's cluster sync, a cluster and a layer at a time: how far apart its blocks finish
+  // (the last block's mark 6 less the first's), and the sync's own latency (the first block out,
+  // mark 4, less the last block in), averaged over layers 1-22, median / max over clusters.
+  {
+    std::vector<double> spread, own;
+    for (int c0 = 0; c0 + kCluster <= nblocks; c0 += kCluster) {
+      double sp = 0, ow = 0;
+      for (int l = 1; l < kLayers - 1; ++l) {
+        double in0 = 1e300, in1 = 0, out0 = 1e300;
+        for (int blk = c0; blk < c0 + kCluster; ++blk) {
+          in0 = std::min(in0, at(blk, 2 * l + 1, 6));
+          in1 = std::max(in1, at(blk, 2 * l + 1, 6));
+          out0 = std::min(out0, at(blk, 2 * l + 1, 4));
+        }
+        sp += in1 - in0;
+        ow += out0 - in1;
+      }
+      spread.push_back(sp / (kLayers - 2) / 1e3);
+      own.push_back(ow / (kLayers - 2) / 1e3);
+    }
+    std::sort(spread.begin(), spread.end());
+    std::sort(own.begin(), own.end());
+    std::printf("  phase B cluster sync, a cluster: blocks' arrival spread %.2f/%.2f | last in -> first out %.2f/%.2f\n",
+                spread[spread.size() / 2], spread.back(), own[own.size() / 2], own.back());
   }
   std::printf("  whole token (block 0) %.1f us\n", (at(0, 2 * kLayers - 1, kMarks - 1) - at(0, 0, 0)) / 1e3);
 }

@@ -1,0 +1,213 @@
+// The persistent-layers micro-benchmark's model on the host side: its random weights and cache,
+// the plain kernel-an-op reference (on its own copy of the cache), the numerics check, and the
+// CUDA-event timing. Shapes and reference kernels are in decode_layers_support.cuh.
+#pragma once
+
+#include "decode_layers_support.cuh"
+
+template <typename T>
+T* alloc(size_t count) {
+  T* p = nullptr;
+  CK(cudaMalloc(&p, count * sizeof(T)));
+  return p;
+}
+
+constexpr size_t kDq = (size_t)kHidden * kHidden, kDkv = (size_t)kKvHeads * kHeadDim * kHidden;
+constexpr size_t kDgu = (size_t)kInter * kHidden, kCacheElems = (size_t)kLayers * kKvHeads * kMaxLen * kHeadDim;
+
+struct Model {
+  __nv_bfloat16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+  float *g1, *g2;
+  __nv_bfloat16 *kc, *vc, *rkc, *rvc;  // the kernel's cache and the reference's copy
+  float *cosv, *sinv, *x0;             // the rotary at kPos, the token's embedding row
+  float *rx, *rx1, *xn, *q, *k, *v, *o, *gt, *up, *hh;  // the reference's activations
+
+  Model() {
+    wq = alloc<__nv_bfloat16>(kLayers * kDq);
+    wk = alloc<__nv_bfloat16>(kLayers * kDkv);
+    wv = alloc<__nv_bfloat16>(kLayers * kDkv);
+    wo = alloc<__nv_bfloat16>(kLayers * kDq);
+    wg = alloc<__nv_bfloat16>(kLayers * kDgu);
+    wu = alloc<__nv_bfloat16>(kLayers * kDgu);
+    wd = alloc<__nv_bfloat16>(kLayers * kDgu);
+    const float sk = std::sqrt(3.f / kHidden), si = std::sqrt(3.f / kInter);
+    fill_uniform_bf16<<<1024, 256>>>(wq, kLayers * kDq, 11u, sk);
+    fill_uniform_bf16<<<1024, 256>>>(wk, kLayers * kDkv, 12u, sk);
+    fill_uniform_bf16<<<1024, 256>>>(wv, kLayers * kDkv, 13u, sk);
+    fill_uniform_bf16<<<1024, 256>>>(wo, kLayers * kDq, 14u, sk);
+    fill_uniform_bf16<<<1024, 256>>>(wg, kLayers * kDgu, 15u, sk);
+    fill_uniform_bf16<<<1024, 256>>>(wu, kLayers * kDgu, 16u, sk);
+    fill_uniform_bf16<<<1024, 256>>>(wd, kLayers * kDgu, 17u, si);
+    g1 = alloc<float>(kLayers * kHidden);
+    g2 = alloc<float>(kLayers * kHidden);
+    fill_f32<<<64, 256>>>(g1, kLayers * kHidden, 21u, 1.f, 0.2f);
+    fill_f32<<<64, 256>>>(g2, kLayers * kHidden, 22u, 1.f, 0.2f);
+    kc = alloc<__nv_bfloat16>(kCacheElems);
+    vc = alloc<__nv_bfloat16>(kCacheElems);
+    rkc = alloc<__nv_bfloat16>(kCacheElems);
+    rvc = alloc<__nv_bfloat16>(kCacheElems);
+    fill_uniform_bf16<<<1024, 256>>>(kc, kCacheElems, 31u, 1.7f);
+    fill_uniform_bf16<<<1024, 256>>>(vc, kCacheElems, 32u, 1.7f);
+    CK(cudaMemcpy(rkc, kc, kCacheElems * 2, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(rvc, vc, kCacheElems * 2, cudaMemcpyDeviceToDevice));
+    std::vector<float> cs(32), sn(32);
+    for (int i = 0; i < 32; ++i) {
+      const double ang = kPos * std::pow(10000.0, -2.0 * i / kHeadDim);
+      cs[i] = static_cast<float>(std::cos(ang));
+      sn[i] = static_cast<float>(std::sin(ang));
+    }
+    cosv = alloc<float>(32);
+    sinv = alloc<float>(32);
+    x0 = alloc<float>(kHidden);
+    CK(cudaMemcpy(cosv, cs.data(), 128, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sinv, sn.data(), 128, cudaMemcpyHostToDevice));
+    fill_f32<<<4, 256>>>(x0, kHidden, 41u, 0.f, 1.7f);
+    rx = alloc<float>(kHidden);
+    rx1 = alloc<float>(kHidden);
+    xn = alloc<float>(kHidden);
+    q = alloc<float>(kHidden);
+    k = alloc<float>(512);
+    v = alloc<float>(512);
+    o = alloc<float>(kHidden);
+    gt = alloc<float>(kInter);
+    up = alloc<float>(kInter);
+    hh = alloc<float>(kInter);
+    CK(cudaGetLastError());
+  }
+  Weights weights() const { return {wq, wk, wv, wo, wg, wu, wd, g1, g2}; }
+
+  // The first `layers` layers as plain kernels, one an op; the result is in rx.
+  void reference(cudaStream_t stream, int layers) {
+    CK(cudaMemcpyAsync(rx, x0, kHidden * 4, cudaMemcpyDeviceToDevice, stream));
+    for (int l = 0; l < layers; ++l) {
+      ref_norm<<<1, 256, 0, stream>>>(rx, g1 + l * kHidden, xn);
+      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wq + l * kDq, xn, q, kHidden, kHidden, nullptr);
+      ref_gemv<<<512 / 4, 128, 0, stream>>>(wk + l * kDkv, xn, k, 512, kHidden, nullptr);
+      ref_gemv<<<512 / 4, 128, 0, stream>>>(wv + l * kDkv, xn, v, 512, kHidden, nullptr);
+      ref_rotary_cache<<<kHeads + kKvHeads, 32, 0, stream>>>(q, k, v, cosv, sinv, rkc, rvc, l);
+      ref_attention<<<kHeads, kHeadDim, 0, stream>>>(q, rkc, rvc, l, o);
+      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wo + l * kDq, o, rx1, kHidden, kHidden, rx);
+      ref_norm<<<1, 256, 0, stream>>>(rx1, g2 + l * kHidden, xn);
+      ref_gemv<<<kInter / 4, 128, 0, stream>>>(wg + l * kDgu, xn, gt, kInter, kHidden, nullptr);
+      ref_gemv<<<kInter / 4, 128, 0, stream>>>(wu + l * kDgu, xn, up, kInter, kHidden, nullptr);
+      ref_silu_mul<<<kInter / 256, 256, 0, stream>>>(gt, up, hh);
+      ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wd + l * kDgu, hh, rx, kHidden, kInter, rx1);
+    }
+    CK(cudaGetLastError());
+  }
+
+  // The kernel's residual row after `layers` layers against the reference's, and the cache rows
+  // both wrote at kPos in the last layer (every kv head, k after rotary, v); prints one line.
+  bool check(const float* row, int layers, const char* what) const {
+    std::vector<float> got(kHidden), want(kHidden);
+    CK(cudaMemcpy(got.data(), row, kHidden * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(want.data(), rx, kHidden * 4, cudaMemcpyDeviceToHost));
+    double d = 0, n = 0;
+    for (int i = 0; i < kHidden; ++i) {
+      d += (double)(got[i] - want[i]) * (got[i] - want[i]);
+      n += (double)want[i] * want[i];
+    }
+    const double r = std::sqrt(d / std::max(n, 1e-30));
+    std::vector<__nv_bfloat16> gk(kHeadDim), wk2(kHeadDim);
+    double kd = 0, kn = 0;
+    for (int which = 0; which < 2; ++which)
+      for (int gg = 0; gg < kKvHeads; ++gg) {
+        const size_t off = (((size_t)(layers - 1) * kKvHeads + gg) * kMaxLen + kPos) * kHeadDim;
+        CK(cudaMemcpy(gk.data(), (which ? vc : kc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(wk2.data(), (which ? rvc : rkc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
+        for (int e = 0; e < kHeadDim; ++e) {
+          const double a = __bfloat162float(gk[e]), b = __bfloat162float(wk2[e]);
+          kd += (a - b) * (a - b);
+          kn += b * b;
+        }
+      }
+    const double kr = std::sqrt(kd / std::max(kn, 1e-30));
+    const double lim = layers == 1 ? 1e-4 : 2e-3;
+    const bool pass = r < lim && kr < 1e-2;
+    std::printf("check after %d layer(s), %s: residual norm-relative %.2e (limit %.0e), cache rows %.2e, |ref| %.3g %s\n",
+                layers, what, r, lim, kr, std::sqrt(n), pass ? "ok" : "<-- WRONG");
+    return pass;
+  }
+};
+
+// Each block's stream: its phase-B tasks (the phase-A blocks `ta` each, the others the rest) and
+// the packed 16 KB stages in the order the block reads them (pack() in decode_layers_support.cuh
+// copies the logical weights there, a second copy of them, as a load-time repack would).
+struct Layout {
+  int *task0 = nullptr, *tasks = nullptr, *pre = nullptr;  // device: first task, task count, first stage
+  int stages_per_layer = 0;
+  __nv_bfloat16* packed = nullptr;  // null: the layout was refused (printed why)
+};
+inline Layout pack_layout(const Weights& wt, int nblocks, int ta) {
+  const int nb = nblocks - kABlocks;
+  std::vector<int> task0(nblocks), tasks(nblocks), pre(nblocks);
+  ta = std::max(1, ta);
+  const int rest = kTasks - ta * kABlocks;
+  for (int bl = 0; bl < nblocks; ++bl)
+    tasks[bl] = bl < kABlocks ? ta : rest / nb + ((bl - kABlocks) < rest % nb ? 1 : 0);
+  int t0 = 0;
+  for (int bl = 0; bl < nblocks; ++bl) {
+    task0[bl] = t0;
+    t0 += tasks[bl];
+    if (tasks[bl] > kMaxTasks) {
+      std::printf("block %d: %d tasks, more than %d\n", bl, tasks[bl], kMaxTasks);
+      return {};
+    }
+  }
+  if (t0 != kTasks) {
+    std::printf("tasks %d != %d\n", t0, kTasks);
+    return {};
+  }
+  std::vector<int4> desc;  // (block, kind, index, 0); kinds: 0 q, 1 k, 2 v, 3 o, 4 gate|up, 5 down
+  for (int bl = 0; bl < nblocks; ++bl) {
+    pre[bl] = static_cast<int>(desc.size());
+    if (bl < kABlocks) {
+      for (int t = 0; t < 4; ++t) desc.push_back({bl, t < 2 ? 0 : t - 1, t < 2 ? t : 0, 0});
+      desc.push_back({bl, 3, 0, 0});
+      desc.push_back({bl, 3, 1, 0});
+    }
+    for (int t = 0; t < tasks[bl]; ++t) desc.push_back({bl, 4, t, 0});
+    for (int t = 0; t < (tasks[bl] + 1) / 2; ++t) desc.push_back({bl, 5, t, 0});
+  }
+  Layout lay;
+  lay.stages_per_layer = static_cast<int>(desc.size());
+  std::printf("%d blocks: %d with phase A (%d tasks each), %d without (%d-%d tasks); %d stages of 16 KB a layer\n",
+              nblocks, kABlocks, tasks[0], nb, nb ? *std::min_element(tasks.begin() + kABlocks, tasks.end()) : 0,
+              nb ? *std::max_element(tasks.begin() + kABlocks, tasks.end()) : 0, lay.stages_per_layer);
+  lay.task0 = alloc<int>(nblocks);
+  lay.tasks = alloc<int>(nblocks);
+  lay.pre = alloc<int>(nblocks);
+  int4* d_desc = alloc<int4>(desc.size());
+  CK(cudaMemcpy(lay.task0, task0.data(), nblocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(lay.tasks, tasks.data(), nblocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(lay.pre, pre.data(), nblocks * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_desc, desc.data(), desc.size() * sizeof(int4), cudaMemcpyHostToDevice));
+  lay.packed = alloc<__nv_bfloat16>((size_t)kLayers * lay.stages_per_layer * kStageElems);
+  pack<<<4096, 256>>>(wt, d_desc, lay.stages_per_layer, lay.task0, lay.tasks, lay.packed);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  CK(cudaFree(d_desc));
+  return lay;
+}
+
+// Median over `iters` runs of `body` (after 10 warm-up runs), CUDA events on `stream`, in ms.
+template <typename F>
+float median_ms(cudaStream_t stream, F&& body, int iters) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int it = 0; it < iters + 10; ++it) {
+    CK(cudaEventRecord(e0, stream));
+    body();
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= 10) ts.push_back(ms);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
