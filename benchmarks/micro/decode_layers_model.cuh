@@ -189,25 +189,3 @@ inline Layout pack_layout(const Weights& wt, int nblocks, int ta) {
   CK(cudaFree(d_desc));
   return lay;
 }
-
-// Median over `iters` runs of `body` (after 10 warm-up runs), CUDA events on `stream`, in ms.
-template <typename F>
-float median_ms(cudaStream_t stream, F&& body, int iters) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ts;
-  for (int it = 0; it < iters + 10; ++it) {
-    CK(cudaEventRecord(e0, stream));
-    body();
-    CK(cudaEventRecord(e1, stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (it >= 10) ts.push_back(ms);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}

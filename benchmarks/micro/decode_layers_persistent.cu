@@ -566,7 +566,7 @@ int main(int argc, char** argv) {
                                                            : "cluster syncs");
     ok = m.check(rows + ((2 * layers) % 3) * kHidden, layers, what) && ok;
   }
-  auto time_it = [&](auto&& body, int iters) { return median_ms(stream, body, iters); };
+  auto time_it = [&](auto&& body, int iters) { return median_ms(stream, body, 10, iters); };
   const double bytes = weight_bytes + cache_bytes;
   for (int variant : {1, 0, 3, 4}) {  // where a layer's time goes; 3: phase B pushed; 4: phases A and B pushed
     const int compute = variant == 0 ? 0 : 1;

@@ -586,28 +586,7 @@ int main() {
     }
     std::printf("%s\n", ok ? "  ok" : "  <-- FAIL");
   };
-  auto median = [&](auto&& launch) -> float {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < kWarmup; ++i) launch();
-    CK(cudaGetLastError());
-    std::vector<float> ts;
-    for (int i = 0; i < kRuns; ++i) {
-      CK(cudaEventRecord(e0, st));
-      launch();
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms);
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-  };
+  auto median = [&](auto&& launch) { return median_ms(st, launch, kWarmup, kRuns); };
 
   // ---- baseline: chain of kernels with programmatic dependent launch, in a graph
   cudaGraphExec_t chain_exec;

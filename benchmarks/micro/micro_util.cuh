@@ -1,13 +1,16 @@
-// Helpers the micro-benchmarks share: a CUDA error check, a seeded uniform bf16 fill, and the PTX
+// Helpers the micro-benchmarks share: a CUDA error check, a seeded uniform bf16 fill, the median of
+// CUDA-event-timed runs, and the PTX
 // wrappers for mbarriers, bulk copies and the acquire/release accesses of grid-wide counters (sm_90). Each .cu file
 // still builds alone with one nvcc line: this header sits beside it.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(x)                                                                  \
   do {                                                                         \
@@ -64,4 +67,29 @@ __global__ void fill_uniform_bf16(__nv_bfloat16* w, size_t count, unsigned seed,
     h ^= h >> 13;
     w[i] = __float2bfloat16(((h & 0xffffu) / 32767.5f - 1.f) * scale);
   }
+}
+
+// Median of `runs` CUDA-event-timed calls of `launch` on `st` (ms), after `warmup` untimed calls.
+template <class F>
+float median_ms(cudaStream_t st, F&& launch, int warmup, int runs) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int it = 0; it < warmup; ++it) launch();
+  CK(cudaGetLastError());
+  std::vector<float> ts;
+  for (int it = 0; it < runs; ++it) {
+    CK(cudaEventRecord(e0, st));
+    launch();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
 }

@@ -293,29 +293,6 @@ __global__ void fill(__nv_bfloat16* w, size_t count, unsigned seed) {  // unifor
 }
 
 // ---------------------------------------------------------------- host
-template <class F>
-static float median_ms(cudaStream_t st, F&& launch) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int it = 0; it < kWarmup; ++it) launch();
-  CK(cudaGetLastError());
-  std::vector<float> ts;
-  for (int it = 0; it < kRuns; ++it) {
-    CK(cudaEventRecord(e0, st));
-    launch();
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
 
 static double g_bytes = 0, g_peak = 0;  // bytes read a run (weights), theoretical peak (B/s; 0 unknown)
 static void row(const char* variant, const char* cfg, float ms) {
@@ -417,7 +394,7 @@ int main() {
         const int blocks = sms * mult;
         std::snprintf(cfg, sizeof cfg, "plain read: %d loads a thread, %d blocks (SMs x %d) x %d thr%s", u, blocks,
                       mult, threads, mult > resident ? " (>1 wave)" : "");
-        row("A", cfg, median_ms(st, [&] { kern<<<blocks, threads, 0, st>>>(w4, n4, sink); }));
+        row("A", cfg, median_ms(st, [&] { kern<<<blocks, threads, 0, st>>>(w4, n4, sink); }, kWarmup, kRuns));
       }
 
   // ---- B: direct-load GEMV, contiguous column slices
@@ -437,7 +414,7 @@ int main() {
       CK(cudaGetLastError());
       check(cfg);
     }
-    row(variant, cfg, median_ms(st, launch));
+    row(variant, cfg, median_ms(st, launch, kWarmup, kRuns));
   };
   for (int mult : {1, 2})
     for (int warps : {8, 16}) run_direct("B", 4, 0, mult, warps, mult == 1 && warps == 8);
@@ -464,7 +441,7 @@ int main() {
       CK(cudaGetLastError());
       check(cfg);
     }
-    row("C", cfg, median_ms(st, launch));
+    row("C", cfg, median_ms(st, launch, kWarmup, kRuns));
   };
   for (int stage_kb : {16, 32})
     for (int stages : {4, 8}) {
