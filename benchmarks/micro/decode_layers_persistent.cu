@@ -330,47 +330,41 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
           }
         }
         mark(p, 4);
+        // Merge the cluster's eight partial states of each head: block q's (max, sum) at
+        // stat_of(q)[0..1] and its 64 outputs at out_of(q). Pushed, every block sends its own to
+        // all eight (S.loc[4q..], S.xn[128q..]); otherwise, after a cluster sync, each block reads
+        // the others' S.state in place.
+        auto merge = [&](auto&& stat_of, auto&& out_of) {
+          if (tid >= 2 * kHeadDim) return;
+          const int d = tid & 63;
+          float M = -INFINITY;
+          for (int q = 0; q < kCluster; ++q) M = fmaxf(M, stat_of(q)[0]);
+          float L = 0.f, O = 0.f;
+          for (int q = 0; q < kCluster; ++q) {
+            const float f = __expf(stat_of(q)[0] - M);
+            L = fmaf(f, stat_of(q)[1], L);
+            O = fmaf(f, out_of(q)[d], O);
+          }
+          S.attn[tid] = O / L;
+        };
+        const int head = (tid >> 6) & 1;  // threads past 2 x 64 merge nothing
         if (push_a) {
           consumers_sync();
           {  // thread t: outputs 4(t%32).. of both heads to block t/32
-            const int to = tid >> 5, head = (tid >> 4) & 1, dd = 4 * (tid & 15);
-            const float* o = &S.state[head][2 + dd];
-            push_v4(S.xn + 128 * rank + 64 * head + dd, &S.got_state, to, make_float4(o[0], o[1], o[2], o[3]));
+            const int to = tid >> 5, hh = (tid >> 4) & 1, dd = 4 * (tid & 15);
+            const float* o = &S.state[hh][2 + dd];
+            push_v4(S.xn + 128 * rank + 64 * hh + dd, &S.got_state, to, make_float4(o[0], o[1], o[2], o[3]));
           }
           if (tid < kCluster)
             push_v4(S.loc + 4 * rank, &S.got_state, tid,
                     make_float4(S.state[0][0], S.state[0][1], S.state[1][0], S.state[1][1]));
           mbar_wait(&S.got_state, l & 1);
-          if (tid < 2 * kHeadDim) {
-            const int head = tid >> 6, d = tid & 63;
-            float M = -INFINITY;
-            for (int q = 0; q < kCluster; ++q) M = fmaxf(M, S.loc[4 * q + 2 * head]);
-            float L = 0.f, O = 0.f;
-            for (int q = 0; q < kCluster; ++q) {
-              const float f = __expf(S.loc[4 * q + 2 * head] - M);
-              L = fmaf(f, S.loc[4 * q + 2 * head + 1], L);
-              O = fmaf(f, S.xn[128 * q + 64 * head + d], O);
-            }
-            S.attn[tid] = O / L;
-          }
+          merge([&](int q) -> const float* { return S.loc + 4 * q + 2 * head; },
+                [&](int q) -> const float* { return S.xn + 128 * q + 64 * head; });
         } else {
-        cluster_sync();
-        if (tid < 2 * kHeadDim) {  // merge the cluster's eight partial states of each head
-          const int head = tid >> 6, d = tid & 63;
-          float ms[kCluster], M = -INFINITY;
-          for (int q = 0; q < kCluster; ++q) {
-            ms[q] = cluster.map_shared_rank(&S.state[head][0], q)[0];
-            M = fmaxf(M, ms[q]);
-          }
-          float L = 0.f, O = 0.f;
-          for (int q = 0; q < kCluster; ++q) {
-            const float* rs = cluster.map_shared_rank(&S.state[head][0], q);
-            const float f = __expf(ms[q] - M);
-            L = fmaf(f, rs[1], L);
-            O = fmaf(f, rs[2 + d], O);
-          }
-          S.attn[tid] = O / L;
-        }
+          cluster_sync();
+          merge([&](int q) -> const float* { return cluster.map_shared_rank(&S.state[head][0], q); },
+                [&](int q) -> const float* { return cluster.map_shared_rank(&S.state[head][0], q) + 2; });
         }
         consumers_sync();
         mark(p, 5);
@@ -436,17 +430,31 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
         for (int q = 0; q < 4; ++q) acc[q] += dot8(w[tid + kCT * q], S.h + 8 * s);
       release();
     }
+    // Block q's partial sums of this block's 128 rows. Pushed: each block sends them to the rows'
+    // owner (st.async: the data and the owner's transaction count travel together, no release
+    // fence, no cluster barrier), S.xn (dead after load_x) staging them so that a thread pushes 4
+    // consecutive rows, S.part receiving [sender][128]; otherwise each block keeps all 1024 in
+    // S.part and reads the others' after a cluster sync.
+    // The cluster's eight partial sums of this block's 128 rows, block q's at part_of(q)[0..127].
+    auto reduce = [&](auto&& part_of) {
+      if (tid >= 128) return;  // rows 128*rank.. summed over the cluster's eight blocks
+      const int j = 128 * rank + tid;
+      float v = c == 0 ? S.xs[j] : 0.f;
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) v += part_of(q)[tid];
+      atomicAdd(out + j, v);
+    };
     if (st.sync_kind >= 2) {
-      // Each block pushes its partial sums to their rows' owners (st.async: the data and the
-      // owner's transaction count travel together, no release fence, no cluster barrier); the
-      // owner waits for the 8 x 512 bytes on its own barrier. S.xn (dead after load_x) stages
-      // the partials so that a thread pushes 4 consecutive rows; S.part receives [sender][128].
+      // Pushed: each block sends its partial sums to the rows' owner (st.async: the data and the
+      // owner's transaction count travel together, no release fence, no cluster barrier); S.xn
+      // (dead after load_x) stages them so that a thread pushes 4 consecutive rows, and S.part
+      // receives [sender][128].
       if (tid == 0) mbar_expect_bytes(&S.pushed, kCluster * 128 * 4);
 #pragma unroll
       for (int q = 0; q < 4; ++q) S.xn[tid + kCT * q] = acc[q];
       mark(p, 3);
       consumers_sync();
-      mark(p, 6);
+      mark(p, 6);  // phase B's mark 6: every warp of the block done (phase A uses 6 before its end)
       {
         const int row = 4 * tid, owner = row / 128;
         const float4 v = *reinterpret_cast<const float4*>(S.xn + row);
@@ -454,27 +462,16 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
       }
       mbar_wait(&S.pushed, l & 1);
       mark(p, 4);
-      if (tid < 128) {
-        const int j = 128 * rank + tid;
-        float v = c == 0 ? S.xs[j] : 0.f;
+      reduce([&](int q) -> const float* { return S.part + 128 * q; });
+    } else {  // each block keeps all 1024 in S.part; the others read them after a cluster sync
 #pragma unroll
-        for (int q = 0; q < kCluster; ++q) v += S.part[128 * q + tid];
-        atomicAdd(out + j, v);
-      }
-    } else {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) S.part[tid + kCT * q] = acc[q];
-    mark(p, 3);
-    consumers_sync();
-    mark(p, 6);  // phase B's mark 6: every warp of the block done (phase A uses 6 before its end)
-    cluster_arrive_wait();
-    mark(p, 4);
-    if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
-      const int j = 128 * rank + tid;
-      float v = c == 0 ? S.xs[j] : 0.f;
-      for (int q = 0; q < kCluster; ++q) v += cluster.map_shared_rank(S.part, q)[j];
-      atomicAdd(out + j, v);
-    }
+      for (int q = 0; q < 4; ++q) S.part[tid + kCT * q] = acc[q];
+      mark(p, 3);
+      consumers_sync();
+      mark(p, 6);
+      cluster_arrive_wait();
+      mark(p, 4);
+      reduce([&](int q) -> const float* { return cluster.map_shared_rank(S.part, q) + 128 * rank; });
     }
     mark(p, 5);
     end_phase(p);
