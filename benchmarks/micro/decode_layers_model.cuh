@@ -19,7 +19,7 @@ struct Model {
   __nv_bfloat16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
   float *g1, *g2;
   __nv_bfloat16 *kc, *vc, *rkc, *rvc;  // the kernel's cache and the reference's copy
-  float *cosv, *sinv, *x0;             // the rotary at kPos, the token's embedding row
+  float *cos_tab, *sin_tab, *x0;       // the rotary's [kMaxLen][32], the token's embedding row
   float *rx, *rx1, *xn, *q, *k, *v, *o, *gt, *up, *hh;  // the reference's activations
 
   Model() {
@@ -50,17 +50,18 @@ struct Model {
     fill_uniform_bf16<<<1024, 256>>>(vc, kCacheElems, 32u, 1.7f);
     CK(cudaMemcpy(rkc, kc, kCacheElems * 2, cudaMemcpyDeviceToDevice));
     CK(cudaMemcpy(rvc, vc, kCacheElems * 2, cudaMemcpyDeviceToDevice));
-    std::vector<float> cs(32), sn(32);
-    for (int i = 0; i < 32; ++i) {
-      const double ang = kPos * std::pow(10000.0, -2.0 * i / kHeadDim);
-      cs[i] = static_cast<float>(std::cos(ang));
-      sn[i] = static_cast<float>(std::sin(ang));
-    }
-    cosv = alloc<float>(32);
-    sinv = alloc<float>(32);
+    std::vector<float> cs(kMaxLen * 32), sn(kMaxLen * 32);
+    for (int p = 0; p < kMaxLen; ++p)
+      for (int i = 0; i < 32; ++i) {
+        const double ang = p * std::pow(10000.0, -2.0 * i / kHeadDim);
+        cs[32 * p + i] = static_cast<float>(std::cos(ang));
+        sn[32 * p + i] = static_cast<float>(std::sin(ang));
+      }
+    cos_tab = alloc<float>(kMaxLen * 32);
+    sin_tab = alloc<float>(kMaxLen * 32);
     x0 = alloc<float>(kHidden);
-    CK(cudaMemcpy(cosv, cs.data(), 128, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(sinv, sn.data(), 128, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(cos_tab, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sin_tab, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
     fill_f32<<<4, 256>>>(x0, kHidden, 41u, 0.f, 1.7f);
     rx = alloc<float>(kHidden);
     rx1 = alloc<float>(kHidden);
@@ -76,16 +77,16 @@ struct Model {
   }
   Weights weights() const { return {wq, wk, wv, wo, wg, wu, wd, g1, g2}; }
 
-  // The first `layers` layers as plain kernels, one an op; the result is in rx.
-  void reference(cudaStream_t stream, int layers) {
+  // The first `layers` layers at position P as plain kernels, one an op; the result is in rx.
+  void reference(cudaStream_t stream, int layers, int P) {
     CK(cudaMemcpyAsync(rx, x0, kHidden * 4, cudaMemcpyDeviceToDevice, stream));
     for (int l = 0; l < layers; ++l) {
       ref_norm<<<1, 256, 0, stream>>>(rx, g1 + l * kHidden, xn);
       ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wq + l * kDq, xn, q, kHidden, kHidden, nullptr);
       ref_gemv<<<512 / 4, 128, 0, stream>>>(wk + l * kDkv, xn, k, 512, kHidden, nullptr);
       ref_gemv<<<512 / 4, 128, 0, stream>>>(wv + l * kDkv, xn, v, 512, kHidden, nullptr);
-      ref_rotary_cache<<<kHeads + kKvHeads, 32, 0, stream>>>(q, k, v, cosv, sinv, rkc, rvc, l);
-      ref_attention<<<kHeads, kHeadDim, 0, stream>>>(q, rkc, rvc, l, o);
+      ref_rotary_cache<<<kHeads + kKvHeads, 32, 0, stream>>>(q, k, v, cos_tab, sin_tab, rkc, rvc, l, P);
+      ref_attention<<<kHeads, kHeadDim, 0, stream>>>(q, rkc, rvc, l, P, o);
       ref_gemv<<<kHidden / 4, 128, 0, stream>>>(wo + l * kDq, o, rx1, kHidden, kHidden, rx);
       ref_norm<<<1, 256, 0, stream>>>(rx1, g2 + l * kHidden, xn);
       ref_gemv<<<kInter / 4, 128, 0, stream>>>(wg + l * kDgu, xn, gt, kInter, kHidden, nullptr);
@@ -97,8 +98,8 @@ struct Model {
   }
 
   // The kernel's residual row after `layers` layers against the reference's, and the cache rows
-  // both wrote at kPos in the last layer (every kv head, k after rotary, v); prints one line.
-  bool check(const float* row, int layers, const char* what) const {
+  // both wrote at P in the last layer (every kv head, k after rotary, v); prints one line.
+  bool check(const float* row, int layers, int P, const char* what) const {
     std::vector<float> got(kHidden), want(kHidden);
     CK(cudaMemcpy(got.data(), row, kHidden * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(want.data(), rx, kHidden * 4, cudaMemcpyDeviceToHost));
@@ -112,7 +113,7 @@ struct Model {
     double kd = 0, kn = 0;
     for (int which = 0; which < 2; ++which)
       for (int gg = 0; gg < kKvHeads; ++gg) {
-        const size_t off = (((size_t)(layers - 1) * kKvHeads + gg) * kMaxLen + kPos) * kHeadDim;
+        const size_t off = (((size_t)(layers - 1) * kKvHeads + gg) * kMaxLen + P) * kHeadDim;
         CK(cudaMemcpy(gk.data(), (which ? vc : kc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(wk2.data(), (which ? rvc : rkc) + off, kHeadDim * 2, cudaMemcpyDeviceToHost));
         for (int e = 0; e < kHeadDim; ++e) {
@@ -124,8 +125,8 @@ struct Model {
     const double kr = std::sqrt(kd / std::max(kn, 1e-30));
     const double lim = layers == 1 ? 1e-4 : 2e-3;
     const bool pass = r < lim && kr < 1e-2;
-    std::printf("check after %d layer(s), %s: residual norm-relative %.2e (limit %.0e), cache rows %.2e, |ref| %.3g %s\n",
-                layers, what, r, lim, kr, std::sqrt(n), pass ? "ok" : "<-- WRONG");
+    std::printf("check after %d layer(s) at position %d, %s: residual norm-relative %.2e (limit %.0e), cache rows %.2e, |ref| %.3g %s\n",
+                layers, P, what, r, lim, kr, std::sqrt(n), pass ? "ok" : "<-- WRONG");
     return pass;
   }
 };

@@ -7,30 +7,38 @@
 //
 //   phase A, clusters 0-7 (cluster g of 8 blocks = kv head g and its two query heads):
 //     RMSNorm(x) -> q|k|v (each block 8 head dims of each, rotary pairs in one block) -> DSMEM
-//     to the cluster -> cache write -> attention over 512 cached positions + the new one (each
-//     block 64 positions, both query heads, merged through DSMEM) -> the two heads' slice of the
+//     to the cluster -> cache write -> attention over the P cached positions + the new one (each
+//     block an eighth of them, both query heads, merged through DSMEM) -> the two heads' slice of the
 //     o-projection, added into the next residual row with red.global.add (split-k over kv heads;
 //     cluster 0 adds the residual itself).
 //   phase B, every block: RMSNorm(x) -> gate|up of its intermediate columns -> SiLU * up -> those
 //     columns of the down projection for all 1024 outputs -> summed across the cluster (each
-//     block pushes its partial sums to the rows' owners with st.async, or, sync kind 0, every
-//     block reads the others' after a cluster sync) -> red.global.add into the next residual row. Blocks that have no phase-A work take
-//     more columns, so every block streams about the same bytes a layer.
-//   Two arrival counters separate the phases (2 grid-wide dependencies a layer, 48 a token);
-//   cluster syncs are mbarriers arrived at remotely, so the producer warps never join them.
+//     block pushes its partial sums to the rows' owners with st.async) -> red.global.add into
+//     the next residual row. Blocks that have no phase-A work take more columns.
+//   Two arrival counters separate the phases (2 grid-wide dependencies a layer, 48 a token).
 //   Only as many clusters of 8 as can be co-resident are launched (15 on a 132-SM H100).
 //
 // The weights never wait for a dependency: a producer warp a block streams the block's whole
 // token of weights (repacked per block at load time) and its cached key/value rows into a
 // 13-stage shared-memory ring (cp.async.bulk, 16 KB stages), running ahead across the waits as
 // far as the ring allows; eight consumer warps compute from the ring. Copies in flight are capped
-// (2 is best): a release (a remote arrival, the phase's closing arrival) waits for the SM's
-// copies in flight, and a deep queue makes each copy microseconds late.
+// (1 is best on the H100): a release (the phase's closing arrival) waits for the SM's copies in
+// flight, and a deep queue makes each copy microseconds late. The cluster's exchanges are
+// st.async pushes onto the receivers' own barriers, never a cluster barrier with release arrivals.
 //
-// Checked against a plain kernel an op (logical, unpacked weights) after 1 and 24 layers: the
-// residual row and the cache rows written. Timed: median of CUDA-event-timed launches; also a
-// variant without the grid-wide waits (wrong results; how fast the stream alone goes), and a
-// trace of every block's phase times (globaltimer).
+// What an engine step needs and this kernel now does (seventh session): the position P comes
+// from device memory (a graph replays the same arguments every token): the cluster splits the
+// cached rows [0, P) into 64-row stages among its blocks (online softmax across a block's
+// stages), the producer streams that many, and the last block takes the new position; the
+// arrival counters, the launch's epoch and the residual rows live in a sync area zeroed once,
+// every target counted from the epoch the last block of the previous launch wrote.
+// The variants measured before (cluster syncs, relaxed arrivals, pushes in phase B only; sixth
+// session, benchmarks/results/decode_layers_*_h100.txt) are in the history at 0c3586a.
+//
+// Checked against a plain kernel an op (logical, unpacked weights): after 1 and 24 layers by
+// direct launches, then one captured CUDA graph replayed at positions 0 to 2047. Timed: median of
+// CUDA-event-timed launches and graph replays; also the stream alone and a trace of every block's
+// phase times (globaltimer).
 // Shapes, device helpers, repacking and the trace summary: decode_layers_support.cuh; weights,
 // reference, check and timing: decode_layers_model.cuh.
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu && /tmp/dlp [tasks [cap]]
@@ -57,10 +65,10 @@ namespace cg = cooperative_groups;
 #define DLP_STAGES 13
 #endif
 struct Smem {
-  uint64_t full[DLP_STAGES], empty[DLP_STAGES], csync[2], pushed, got_qkv, got_state;
+  uint64_t full[DLP_STAGES], empty[DLP_STAGES], csync, pushed, got_qkv, got_state;
   alignas(16) float xs[kHidden], xn[kHidden], part[kHidden];  // read as float4
-  float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (DSMEM)
-  float loc[32], sc[2][72], stat[2][2], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
+  float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (pushes)
+  float loc[32], sc[2][64], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
 };
 
@@ -80,14 +88,16 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nblocks = gridDim.x;
   const bool has_a = b < kABlocks;  // cluster c < 8: kv head g = c
   const int g = c, tasks = st.tasks[b], down_stages = (tasks + 1) / 2;
-  const int packed_per_layer = (has_a ? kAStages : 0) + tasks + down_stages;
+  const int P = *st.pos;  // cached rows before the token; the token's own row is P
+  const KvSplit kv = has_a ? kv_split(P, rank) : KvSplit{0, 0};
+  // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
+  const int per_layer = (has_a ? kAStages + kv.count : 0) + tasks + down_stages;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&S.full[s], 1);
       mbar_init(&S.empty[s], kConsumers);
     }
-    mbar_init(&S.csync[0], kCluster);
-    mbar_init(&S.csync[1], kCluster);
+    mbar_init(&S.csync, kCluster);
     mbar_init(&S.pushed, 1);
     mbar_init(&S.got_qkv, 1);
     mbar_init(&S.got_state, 1);
@@ -101,31 +111,34 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     unsigned i = 0;
     for (int l = 0; l < st.layers; ++l) {
       const __nv_bfloat16* src = st.packed + ((size_t)l * st.stages_per_layer + st.pre[b]) * kStageElems;
-      for (int k = 0; k < packed_per_layer + (has_a ? 1 : 0); ++k, ++i) {
+      for (int k = 0; k < per_layer; ++k, ++i) {
         const int s = i % STAGES;
-        // At most max_inflight copies in flight: a release fence (a remote arrival, the phase's
-        // arrival) waits for the SM's copies still in flight, and a deep queue makes each late.
+        // At most max_inflight copies in flight: a release fence (the phase's arrival) waits for
+        // the SM's copies still in flight, and a deep queue makes each late.
         if (max_inflight && i >= (unsigned)max_inflight) {
           const unsigned j = i - max_inflight;
           mbar_wait(&S.full[j % STAGES], (j / STAGES) & 1);
         }
         mbar_wait(&S.empty[s], ((i / STAGES) & 1) ^ 1);
         unsigned char* dst = ring + (size_t)s * kStageBytes;
-        mbar_expect_bytes(&S.full[s], kStageBytes);
-        if (has_a && k == 4) {  // this block's 64 cached key rows, then value rows, of kv head g
-          const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + 64 * rank) * kHeadDim;
-          bulk_load(dst, st.kc + off, kStageBytes / 2, &S.full[s]);
-          bulk_load(dst + kStageBytes / 2, st.vc + off, kStageBytes / 2, &S.full[s]);
+        const int cached = k - 4;  // this block's cached-row stage, when 0 <= cached < kv.count
+        if (has_a && cached >= 0 && cached < kv.count) {  // up to 64 key rows, then as many value rows
+          const int j = kv.first + cached, bytes = kv_rows(P, j) * kHeadDim * 2;
+          const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + 64 * j) * kHeadDim;
+          mbar_expect_bytes(&S.full[s], 2 * bytes);
+          bulk_load(dst, st.kc + off, bytes, &S.full[s]);
+          bulk_load(dst + kStageBytes / 2, st.vc + off, bytes, &S.full[s]);
           continue;
         }
-        const int packed = has_a && k > 4 ? k - 1 : k;
+        const int packed = has_a && cached >= kv.count ? k - kv.count : k;
+        mbar_expect_bytes(&S.full[s], kStageBytes);
         bulk_load(dst, src + (size_t)packed * kStageElems, kStageBytes, &S.full[s]);
       }
     }
     return;
   }
 
-  unsigned i = 0, csyncs = 0;
+  unsigned i = 0;
   auto stage = [&](void) -> const __nv_bfloat16* {
     mbar_wait(&S.full[i % STAGES], (i / STAGES) & 1);
     return reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)(i % STAGES) * kStageBytes);
@@ -140,40 +153,33 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     if (lane == 0) mbar_arrive(&S.empty[i % STAGES]);
     ++i;
   };
-  auto cluster_arrive_wait = [&]() {  // after a consumers_sync: every block of the cluster there too
-    const unsigned k = csyncs++;
-    if (tid < kCluster) {
-      if (st.sync_kind == 1)
-        mbar_arrive_remote_relaxed(&S.csync[k & 1], tid);  // timing only: nothing orders the writes
-      else
-        mbar_arrive_remote(&S.csync[k & 1], tid);
-    }
-    mbar_wait_cluster(&S.csync[k & 1], (k >> 1) & 1);
-  };
-  auto cluster_sync = [&]() {  // consumers of the whole cluster; the producer warps do not join
-    consumers_sync();
-    cluster_arrive_wait();
-  };
   auto mark = [&](int p, int k) {
     if (tid == 0 && st.trace) st.trace[((size_t)b * 2 * st.layers + p) * kMarks + k] = globaltimer();
   };
-  // Residual row of phase p: p == 0 reads the embedding; phase p adds into rows[(p+1)%3] (zeroed
-  // by block 0 at the start of phase p-1, after every reader of it in phase p-2 had arrived).
+  // This launch's epoch (written by the last block of the previous launch, which completed before
+  // this one started): the counters' targets and the residual rows' ring position count from it.
+  const unsigned epoch = __ldcg(st.sync + 2);
+  const unsigned base_a = epoch * st.layers * kABlocks, base_b = epoch * st.layers * nblocks;
+  const int ring0 = static_cast<int>((epoch % 3) * ((2 * st.layers) % 3) % 3);
+  auto row = [&](int p) { return st.rows + ((ring0 + p) % 3) * kHidden; };
+  // Residual row of phase p: p == 0 reads the embedding; phase p adds into row(p + 1) (zeroed by
+  // block 0 at the start of phase p-1, after every reader of it in phase p-2 had arrived; the
+  // previous launch's last phase zeroed this launch's first output row).
   auto begin_phase = [&](int p, const float* gamma) {
     if (p > 0 && st.grid_wait && tid == 0) {
-      const unsigned* counter = st.counters + (p % 2 ? 0 : 1);
-      const unsigned target = p % 2 ? st.base_a + (unsigned)(p / 2 + 1) * kABlocks
-                                    : st.base_b + (unsigned)(p / 2) * nblocks;
-      while (ld_acquire(counter) < target) {
+      const unsigned* counter = st.sync + (p % 2 ? 0 : 1);
+      const unsigned target = p % 2 ? base_a + (unsigned)(p / 2 + 1) * kABlocks
+                                    : base_b + (unsigned)(p / 2) * nblocks;
+      while (static_cast<int>(ld_acquire(counter) - target) < 0) {
       }
     }
     mark(p, 0);
     consumers_sync();
-    if (b == 0) {  // rows[(p+2)%3] was phase p-1's input, read by every block before it arrived
-      float* zero = st.rows + ((p + 2) % 3) * kHidden;
+    if (b == 0) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
+      float* zero = row(p + 2);
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
     }
-    const float* x = p == 0 ? st.x0 : st.rows + (p % 3) * kHidden;
+    const float* x = p == 0 ? st.x0 : row(p);
     float ss = 0.f;
     for (int j = tid; j < kHidden; j += kCT) {
       const float v = __ldcg(x + j);
@@ -194,13 +200,17 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   auto end_phase = [&](int p) {
     consumers_sync();
     if (tid == 0) {
-      red_release(st.counters + (p % 2), 1u);
+      if (p == 2 * st.layers - 1) {  // the launch's last arrival of all advances the epoch
+        const unsigned last = base_b + (unsigned)st.layers * nblocks - 1;
+        if (atom_add_release(st.sync + 1, 1u) == last) st.sync[2] = epoch + 1;
+      } else {
+        red_release(st.sync + (p % 2), 1u);
+      }
       mark(p, kMarks - 1);
     }
   };
 
   if (st.compute == 2) {  // the stream alone: every stage waited for and released, nothing else
-    const int per_layer = packed_per_layer + (has_a ? 1 : 0);
     for (int l = 0; l < st.layers; ++l)
       for (int k = 0; k < per_layer; ++k) {
         stage();
@@ -210,14 +220,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   }
   for (int l = 0; l < st.layers; ++l) {
     int p = 2 * l;
-    float* out = st.rows + ((p + 1) % 3) * kHidden;
+    float* out = row(p + 1);
     if (has_a) {  // ---------------- phase A: kv head g, query heads 2g and 2g+1 ----------------
       begin_phase(p, wt.g1 + (size_t)l * kHidden);
-      // Sync kind 3: the cluster's exchanges in this phase are pushes (st.async) that complete
-      // these barriers' byte counts: q|k|v, 32 floats from each block; the attention's partial
-      // states, 2 x 64 outputs into S.xn (dead after load_x) and 2 x (max, sum) into S.loc.
-      const bool push_a = st.sync_kind == 3;
-      if (push_a && tid == 0) {
+      // The cluster's exchanges in this phase are pushes (st.async) that complete these
+      // barriers' byte counts: q|k|v, 32 floats from each block; the attention's partial states,
+      // 2 x 64 outputs into S.xn (dead after load_x) and 2 x (max, sum) into S.loc.
+      if (tid == 0) {
         mbar_expect_bytes(&S.got_qkv, kCluster * 32 * 4);
         mbar_expect_bytes(&S.got_state, kCluster * (2 * kHeadDim + 4) * 4);
       }
@@ -238,37 +247,33 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
         const int t = tid / 8, w = tid % 8, d = head_dim_of(rank, w);
         float v = S.loc[tid];
         if (t < 3) {
-          const float partner = S.loc[t * 8 + (w ^ 4)], cs = st.cosv[d % 32], sn = st.sinv[d % 32];
+          const float partner = S.loc[t * 8 + (w ^ 4)], cs = st.cos_tab[32 * P + d % 32], sn = st.sin_tab[32 * P + d % 32];
           v = w < 4 ? v * cs - partner * sn : v * cs + partner * sn;
         }
         if (t > 1) v = round_bf16(v);
         float* arr = t < 2 ? S.qf[t] : t == 2 ? S.kf : S.vf;
-        for (int q = 0; q < kCluster; ++q) {
-          if (push_a)
-            push_b32(arr + d, &S.got_qkv, q, v);
-          else
-            cluster.map_shared_rank(arr, q)[d] = v;
-        }
+        for (int q = 0; q < kCluster; ++q) push_b32(arr + d, &S.got_qkv, q, v);
         if (t > 1) {
           __nv_bfloat16* cache = t == 2 ? st.kc : st.vc;
-          cache[(((size_t)l * kKvHeads + g) * kMaxLen + kPos) * kHeadDim + d] = __float2bfloat16(v);
+          cache[(((size_t)l * kKvHeads + g) * kMaxLen + P) * kHeadDim + d] = __float2bfloat16(v);
         }
       }
-      if (push_a)
-        mbar_wait(&S.got_qkv, l & 1);
-      else
-        cluster_sync();
+      mbar_wait(&S.got_qkv, l & 1);
       mark(p, 3);
-      const int n = rank == kCluster - 1 ? 65 : 64;  // the last block also takes the new position
-      {  // attention of both query heads over this block's 64 cached positions
-        const __nv_bfloat16* kv = stage();
-        if (tid < 2 * 64 + 2) {  // a thread a (head, position); the last two take the new position
-          const int head = tid < 128 ? tid >> 6 : tid - 128, pp = tid < 128 ? tid & 63 : 64;
-          if (pp < n) {
-            const float2* q2 = reinterpret_cast<const float2*>(S.qf[head]);
-            float a0 = 0.f, a1 = 0.f;
-            if (pp < 64) {
-              const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(kv) + pp * 32;
+      {  // attention of both query heads over this block's cached rows, a 64-row stage at a time
+        // (online softmax: warp h keeps head h's running max and sum), then the new position
+        const int head = tid >> 7, part = (tid >> 6) & 1, d = tid & 63;  // this thread's output in the PV product
+        float acc = 0.f, m_run = -INFINITY, l_run = 0.f;
+        for (int s = 0; s < kv.count; ++s) {
+          const int rows = kv_rows(P, kv.first + s);
+          const __nv_bfloat16* kvs = stage();
+          if (tid < 2 * 64) {  // a thread a (head, row)
+            const int hh = tid >> 6, pp = tid & 63;
+            float a = -INFINITY;
+            if (pp < rows) {
+              const float2* q2 = reinterpret_cast<const float2*>(S.qf[hh]);
+              const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(kvs) + pp * 32;
+              float a0 = 0.f, a1 = 0.f;
 #pragma unroll 8
               for (int c2 = 0; c2 < 32; ++c2) {  // rotated start: the 32 rows of a warp hit 32 banks
                 const int col = (c2 + tid) & 31;
@@ -276,95 +281,81 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
                 a0 = fmaf(q.x, k.x, a0);
                 a1 = fmaf(q.y, k.y, a1);
               }
-            } else {
-              const float2* k2 = reinterpret_cast<const float2*>(S.kf);
-              for (int c2 = 0; c2 < 32; ++c2) {
-                const float2 k = k2[c2], q = q2[c2];
-                a0 = fmaf(q.x, k.x, a0);
-                a1 = fmaf(q.y, k.y, a1);
-              }
+              a = (a0 + a1) * 0.125f;
             }
-            S.sc[head][pp] = (a0 + a1) * 0.125f;
+            S.sc[hh][pp] = a;
           }
+          consumers_sync();
+          if (warp < 2) {  // head `warp`: the new running max, the stage's weights, the old sums' scale
+            float* sc = S.sc[warp];
+            const float s0 = sc[lane], s1 = sc[lane + 32];
+            const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));  // finite: a stage has a row
+            const float e0 = __expf(s0 - m_new), e1 = __expf(s1 - m_new), scale = __expf(m_run - m_new);
+            l_run = fmaf(l_run, scale, warp_sum(e0 + e1));
+            m_run = m_new;
+            __syncwarp();
+            sc[lane] = e0;
+            sc[lane + 32] = e1;
+            if (lane == 0) S.stat[warp][2] = scale;
+          }
+          consumers_sync();
+          {
+            const __nv_bfloat16* v = kvs + 64 * kHeadDim;
+            const int end = min(32 * part + 32, rows);
+            acc *= S.stat[head][2];
+            for (int pp = 32 * part; pp < end; ++pp) acc = fmaf(S.sc[head][pp], __bfloat162float(v[pp * kHeadDim + d]), acc);
+          }
+          release();
+          consumers_sync();  // S.sc and S.stat are the next stage's
+        }
+        S.ored[head][part][d] = acc;
+        if (warp < 2 && lane == 0) {
+          S.stat[warp][0] = m_run;
+          S.stat[warp][1] = l_run;
         }
         consumers_sync();
-        if (warp < 2) {  // softmax statistics of head `warp`
-          float* sc = S.sc[warp];
-          float m = fmaxf(sc[lane], sc[lane + 32]);
-          if (n == 65) m = fmaxf(m, sc[64]);
-          m = warp_max(m);
-          const float e0 = __expf(sc[lane] - m), e1 = __expf(sc[lane + 32] - m);
-          float e2 = 0.f;
-          __syncwarp();
-          sc[lane] = e0;
-          sc[lane + 32] = e1;
-          if (n == 65 && lane == 0) {
-            e2 = __expf(sc[64] - m);
-            sc[64] = e2;
+        if (tid < 2 * kHeadDim) {  // the block's state of head tid / 64; the last block adds the new position
+          const int hh = tid >> 6, dd = tid & 63;
+          float o = S.ored[hh][0][dd] + S.ored[hh][1][dd], M = S.stat[hh][0], L = S.stat[hh][1];
+          if (rank == kCluster - 1) {
+            float sn = 0.f;
+            for (int e = 0; e < kHeadDim; ++e) sn = fmaf(S.qf[hh][e], S.kf[e], sn);
+            sn *= 0.125f;
+            const float Mn = fmaxf(M, sn), f = __expf(M - Mn), en = __expf(sn - Mn);
+            o = fmaf(o, f, en * S.vf[dd]);
+            L = fmaf(L, f, en);
+            M = Mn;
           }
-          const float sum = warp_sum(e0 + e1 + e2);
-          if (lane == 0) {
-            S.stat[warp][0] = m;
-            S.stat[warp][1] = sum;
-          }
-        }
-        consumers_sync();
-        {
-          const int head = tid >> 7, part = (tid >> 6) & 1, d = tid & 63;
-          const __nv_bfloat16* v = kv + 64 * kHeadDim;
-          float acc = 0.f;
-          for (int pp = 32 * part; pp < 32 * part + 32; ++pp)
-            acc = fmaf(S.sc[head][pp], __bfloat162float(v[pp * kHeadDim + d]), acc);
-          S.ored[head][part][d] = acc;
-        }
-        release();
-        consumers_sync();
-        if (tid < 2 * kHeadDim) {
-          const int head = tid >> 6, d = tid & 63;
-          float o = S.ored[head][0][d] + S.ored[head][1][d];
-          if (n == 65) o = fmaf(S.sc[head][64], S.vf[d], o);
-          S.state[head][2 + d] = o;
-          if (d == 0) {
-            S.state[head][0] = S.stat[head][0];
-            S.state[head][1] = S.stat[head][1];
+          S.state[hh][2 + dd] = o;
+          if (dd == 0) {
+            S.state[hh][0] = M;
+            S.state[hh][1] = L;
           }
         }
         mark(p, 4);
-        // Merge the cluster's eight partial states of each head: block q's (max, sum) at
-        // stat_of(q)[0..1] and its 64 outputs at out_of(q). Pushed, every block sends its own to
-        // all eight (S.loc[4q..], S.xn[128q..]); otherwise, after a cluster sync, each block reads
-        // the others' S.state in place.
-        auto merge = [&](auto&& stat_of, auto&& out_of) {
-          if (tid >= 2 * kHeadDim) return;
-          const int d = tid & 63;
+        // Merge the cluster's eight partial states of each head: every block pushes its own to all
+        // eight, (max, sum) of both heads to S.loc[4q..] and the 2 x 64 outputs to S.xn[128q..].
+        consumers_sync();
+        {  // thread t: outputs 4(t%32).. of both heads to block t/32
+          const int to = tid >> 5, hh = (tid >> 4) & 1, dd = 4 * (tid & 15);
+          const float* o = &S.state[hh][2 + dd];
+          push_v4(S.xn + 128 * rank + 64 * hh + dd, &S.got_state, to, make_float4(o[0], o[1], o[2], o[3]));
+        }
+        if (tid < kCluster)
+          push_v4(S.loc + 4 * rank, &S.got_state, tid,
+                  make_float4(S.state[0][0], S.state[0][1], S.state[1][0], S.state[1][1]));
+        mbar_wait(&S.got_state, l & 1);
+        if (tid < 2 * kHeadDim) {  // a block with no rows sent (-inf, 0): its weight is 0
+          const int hh = tid >> 6, dd = tid & 63;
           float M = -INFINITY;
-          for (int q = 0; q < kCluster; ++q) M = fmaxf(M, stat_of(q)[0]);
+          for (int q = 0; q < kCluster; ++q) M = fmaxf(M, S.loc[4 * q + 2 * hh]);
           float L = 0.f, O = 0.f;
           for (int q = 0; q < kCluster; ++q) {
-            const float f = __expf(stat_of(q)[0] - M);
-            L = fmaf(f, stat_of(q)[1], L);
-            O = fmaf(f, out_of(q)[d], O);
+            const float f = __expf(S.loc[4 * q + 2 * hh] - M);
+            L = fmaf(f, S.loc[4 * q + 2 * hh + 1], L);
+            O = fmaf(f, S.xn[128 * q + 64 * hh + dd], O);
           }
           S.attn[tid] = O / L;
-        };
-        const int head = (tid >> 6) & 1;  // threads past 2 x 64 merge nothing
-        if (push_a) {
-          consumers_sync();
-          {  // thread t: outputs 4(t%32).. of both heads to block t/32
-            const int to = tid >> 5, hh = (tid >> 4) & 1, dd = 4 * (tid & 15);
-            const float* o = &S.state[hh][2 + dd];
-            push_v4(S.xn + 128 * rank + 64 * hh + dd, &S.got_state, to, make_float4(o[0], o[1], o[2], o[3]));
-          }
-          if (tid < kCluster)
-            push_v4(S.loc + 4 * rank, &S.got_state, tid,
-                    make_float4(S.state[0][0], S.state[0][1], S.state[1][0], S.state[1][1]));
-          mbar_wait(&S.got_state, l & 1);
-          merge([&](int q) -> const float* { return S.loc + 4 * q + 2 * head; },
-                [&](int q) -> const float* { return S.xn + 128 * q + 64 * head; });
-        } else {
-          cluster_sync();
-          merge([&](int q) -> const float* { return cluster.map_shared_rank(&S.state[head][0], q); },
-                [&](int q) -> const float* { return cluster.map_shared_rank(&S.state[head][0], q) + 2; });
         }
         consumers_sync();
         mark(p, 5);
@@ -372,14 +363,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
       for (int s = 0; s < 2; ++s) {  // o-projection rows 128*rank+64s.., both heads' 128 columns; 16 threads a row
         const uint4* w = reinterpret_cast<const uint4*>(stage());
         for (int q = 0; q < 4; ++q) {
-          const int idx = tid + kCT * q, row = idx >> 4, chunk = idx & 15;
+          const int idx = tid + kCT * q, r = idx >> 4, chunk = idx & 15;
           float v = st.compute ? dot8(w[idx], S.attn + 8 * chunk) : 0.f;
           v += __shfl_xor_sync(0xffffffffu, v, 1);
           v += __shfl_xor_sync(0xffffffffu, v, 2);
           v += __shfl_xor_sync(0xffffffffu, v, 4);
           v += __shfl_xor_sync(0xffffffffu, v, 8);
           if (chunk == 0) {
-            const int j = 128 * rank + 64 * s + row;
+            const int j = 128 * rank + 64 * s + r;
             atomicAdd(out + j, g == 0 ? v + S.xs[j] : v);
           }
         }
@@ -391,7 +382,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
 
     // ---------------- phase B: this block's intermediate columns, every block ----------------
     p = 2 * l + 1;
-    out = st.rows + ((p + 1) % 3) * kHidden;
+    out = row(p + 1);
     begin_phase(p, wt.g2 + (size_t)l * kHidden);
     float xr[32];
     load_x(xr, S.xn, lane);
@@ -430,53 +421,38 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
         for (int q = 0; q < 4; ++q) acc[q] += dot8(w[tid + kCT * q], S.h + 8 * s);
       release();
     }
-    // Block q's partial sums of this block's 128 rows. Pushed: each block sends them to the rows'
-    // owner (st.async: the data and the owner's transaction count travel together, no release
-    // fence, no cluster barrier), S.xn (dead after load_x) staging them so that a thread pushes 4
-    // consecutive rows, S.part receiving [sender][128]; otherwise each block keeps all 1024 in
-    // S.part and reads the others' after a cluster sync.
-    // The cluster's eight partial sums of this block's 128 rows, block q's at part_of(q)[0..127].
-    auto reduce = [&](auto&& part_of) {
-      if (tid >= 128) return;  // rows 128*rank.. summed over the cluster's eight blocks
+    // Each block pushes its partial sums of every 128-row slice to the slice's owner (st.async:
+    // the data and the owner's transaction count travel together, no release fence, no cluster
+    // barrier); S.xn (dead after load_x) stages them so that a thread pushes 4 consecutive rows,
+    // and S.part receives [sender][128].
+    if (tid == 0) mbar_expect_bytes(&S.pushed, kCluster * 128 * 4);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) S.xn[tid + kCT * q] = acc[q];
+    mark(p, 3);
+    consumers_sync();
+    mark(p, 6);  // phase B's mark 6: every warp of the block done (phase A uses 6 before its end)
+    {
+      const int r = 4 * tid, owner = r / 128;
+      const float4 v = *reinterpret_cast<const float4*>(S.xn + r);
+      push_v4(S.part + 128 * rank + r % 128, &S.pushed, owner, v);
+    }
+    mbar_wait(&S.pushed, l & 1);
+    mark(p, 4);
+    if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
       const int j = 128 * rank + tid;
       float v = c == 0 ? S.xs[j] : 0.f;
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q) v += part_of(q)[tid];
+      for (int q = 0; q < kCluster; ++q) v += S.part[128 * q + tid];
       atomicAdd(out + j, v);
-    };
-    if (st.sync_kind >= 2) {
-      // Pushed: each block sends its partial sums to the rows' owner (st.async: the data and the
-      // owner's transaction count travel together, no release fence, no cluster barrier); S.xn
-      // (dead after load_x) stages them so that a thread pushes 4 consecutive rows, and S.part
-      // receives [sender][128].
-      if (tid == 0) mbar_expect_bytes(&S.pushed, kCluster * 128 * 4);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) S.xn[tid + kCT * q] = acc[q];
-      mark(p, 3);
-      consumers_sync();
-      mark(p, 6);  // phase B's mark 6: every warp of the block done (phase A uses 6 before its end)
-      {
-        const int row = 4 * tid, owner = row / 128;
-        const float4 v = *reinterpret_cast<const float4*>(S.xn + row);
-        push_v4(S.part + 128 * rank + row % 128, &S.pushed, owner, v);
-      }
-      mbar_wait(&S.pushed, l & 1);
-      mark(p, 4);
-      reduce([&](int q) -> const float* { return S.part + 128 * q; });
-    } else {  // each block keeps all 1024 in S.part; the others read them after a cluster sync
-#pragma unroll
-      for (int q = 0; q < 4; ++q) S.part[tid + kCT * q] = acc[q];
-      mark(p, 3);
-      consumers_sync();
-      mark(p, 6);
-      cluster_arrive_wait();
-      mark(p, 4);
-      reduce([&](int q) -> const float* { return cluster.map_shared_rank(S.part, q) + 128 * rank; });
     }
     mark(p, 5);
     end_phase(p);
   }
-  cluster_sync();  // no block leaves while another may still read its shared memory
+  // No block leaves while another may still push into it: the consumers of the whole cluster
+  // meet on each block's csync barrier (remote arrivals; the producer warps have left).
+  consumers_sync();
+  if (tid < kCluster) mbar_arrive_remote(&S.csync, tid);
+  mbar_wait_cluster(&S.csync, 0);
 }
 
 int main(int argc, char** argv) {
@@ -488,19 +464,15 @@ int main(int argc, char** argv) {
   std::printf("%s, %d SMs\n", prop.name, sms);
   Model m;  // random weights, cache, the token's embedding row, the reference's buffers
   const Weights wt = m.weights();
-  __nv_bfloat16 *const kc = m.kc, *const vc = m.vc;
-  const float *const cosv = m.cosv, *const sinv = m.sinv, *const x0 = m.x0;
-  float* rows = alloc<float>(3 * kHidden);
-  CK(cudaMemset(rows, 0, 3 * kHidden * 4));
   CK(cudaDeviceSynchronize());
 
-  // Bytes a token: every weight once, the cached rows read (513 positions, k and v) once.
+  // Bytes a token at position P: every weight once, the P cached rows and the new one (k and v).
   const double weight_bytes = (double)kLayers * 2 * (2 * kDq + 2 * kDkv + 3 * kDgu);
-  const double cache_bytes = (double)kLayers * kKvHeads * (kPos + 1) * kHeadDim * 2 * 2;
+  auto bytes_at = [&](int P) { return weight_bytes + (double)kLayers * kKvHeads * (P + 1) * kHeadDim * 2 * 2; };
   // The datasheet bandwidth the issue's roofline uses (H200 4.8 TB/s, H100 SXM 3.35 TB/s).
   const double peak = std::strstr(prop.name, "H200") ? 4.8e12 : 3.35e12;
-  std::printf("24 layers: %.1f MB of weights + %.1f MB of cache; datasheet bandwidth %.2f TB/s\n",
-              weight_bytes / 1e6, cache_bytes / 1e6, peak / 1e12);
+  std::printf("24 layers: %.1f MB of weights + %.1f MB of cache at position %d; datasheet bandwidth %.2f TB/s\n",
+              weight_bytes / 1e6, (bytes_at(kPos) - weight_bytes) / 1e6, kPos, peak / 1e12);
 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -522,98 +494,106 @@ int main(int argc, char** argv) {
     std::printf("fewer than %d co-resident clusters: phase A cannot be laid out\n", kKvHeads);
     return 1;
   }
-  // Phase-B tasks a block: blocks without phase-A work take more. Streaming the same bytes a
-  // block (112 KB of phase-A stages are about 4.7 tasks' worth) gives the phase-A blocks 6; with
-  // phase A's exchanges pushed its chain is short enough that 8 is fastest (5-10 measured on an
-  // H100, sixth session). argv[1] sets the phase-A blocks' count.
+  // Phase-B tasks a block: blocks without phase-A work take more. 8 for the phase-A blocks was
+  // fastest of 5-10 on an H100 at position 512 (sixth session); argv[1] sets it.
   const int nblocks = clusters * kCluster, nb = nblocks - kABlocks;
   const Layout lay = pack_layout(wt, nblocks, argc > 1 ? std::atoi(argv[1]) : (nb == 0 ? kTasks / kABlocks : 8));
   if (!lay.packed) return 1;
-  const int spl = lay.stages_per_layer;
-  int *const d_task0 = lay.task0, *const d_tasks = lay.tasks, *const d_pre = lay.pre;
-  __nv_bfloat16* const packed = lay.packed;
-  unsigned* counters = alloc<unsigned>(2);
-  CK(cudaMemset(counters, 0, 8));
+  const int cap = argc > 2 ? std::atoi(argv[2]) : 1;  // the producer's copies in flight
+  // The sync area: arrival counters and epoch, and the residual rows; zeroed once, as an engine
+  // context would, and again only where a check or timing wants a clean start.
+  unsigned* sync = alloc<unsigned>(4);
+  float* rows = alloc<float>(3 * kHidden);
+  int* d_pos = alloc<int>(1);
+  auto reset = [&] {
+    CK(cudaMemsetAsync(sync, 0, 16, stream));
+    CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
+  };
+  auto set_pos = [&](int P) { CK(cudaMemcpyAsync(d_pos, &P, 4, cudaMemcpyHostToDevice, stream)); };
+  // The result row of the launch that ran at epoch E: phase 2L - 1's output, row(2L).
+  auto out_row = [&](unsigned E, int layers) { return rows + (((E % 3) * ((2 * layers) % 3) + 2 * layers) % 3) * kHidden; };
   unsigned long long* trace = alloc<unsigned long long>((size_t)nblocks * 2 * kLayers * kMarks);
-  unsigned base_a = 0, base_b = 0;
-  int sync_kind = 0, max_inflight = 0;  // the variants below set them
+  int max_inflight = cap;
   auto launch = [&](int layers, int grid_wait, bool traced = false, int compute = 1) {
-    Step st{packed, d_task0, d_tasks, d_pre, spl, kc, vc, cosv, sinv, x0, rows, counters, base_a, base_b,
-            layers, grid_wait, compute, sync_kind, max_inflight, traced ? trace : nullptr};
+    Step st{lay.packed, lay.task0, lay.tasks, lay.pre, lay.stages_per_layer, m.kc, m.vc, m.cos_tab, m.sin_tab, d_pos,
+            m.x0, sync, rows, layers, grid_wait, compute, max_inflight, traced ? trace : nullptr};
     kernel<<<nblocks, kThreads, shared, stream>>>(wt, st);
     CK(cudaGetLastError());
-    if (compute != 2) {  // the stream-alone variant arrives nowhere
-      base_a += layers * kABlocks;
-      base_b += layers * nblocks;
-    }
   };
+  char what[96];
+  std::snprintf(what, sizeof what, "%d copies in flight", cap);
   bool ok = true;
-  // Sync kind x 100 + layers: 2xx phase B's partials pushed, 3xx phase A's exchanges too.
-  for (int variant : {1, kLayers, 200 + 1, 200 + kLayers, 300 + 1, 300 + kLayers}) {
-    sync_kind = variant / 100;
-    max_inflight = sync_kind ? 2 : 0;
-    const int layers = variant % 100;
-    CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));  // a launch of 2L phases leaves rows[(2L+1)%3] zero
+  for (int layers : {1, kLayers}) {  // direct launches from a zeroed sync area
+    reset();
+    set_pos(kPos);
     launch(layers, 1);
-    m.reference(stream, layers);
+    m.reference(stream, layers, kPos);
     CK(cudaStreamSynchronize(stream));
-    char what[64];
-    std::snprintf(what, sizeof what, "%s", sync_kind == 3 ? "phases A and B pushed, 2 copies in flight"
-                                           : sync_kind     ? "phase B pushed, 2 copies in flight"
-                                                           : "cluster syncs");
-    ok = m.check(rows + ((2 * layers) % 3) * kHidden, layers, what) && ok;
+    ok = m.check(out_row(0, layers), layers, kPos, what) && ok;
   }
-  auto time_it = [&](auto&& body, int iters) { return median_ms(stream, body, 10, iters); };
-  const double bytes = weight_bytes + cache_bytes;
-  for (int variant : {1, 0, 3, 4}) {  // where a layer's time goes; 3: phase B pushed; 4: phases A and B pushed
-    const int compute = variant == 0 ? 0 : 1;
-    sync_kind = variant == 3 ? 2 : variant == 4 ? 3 : 0;
-    max_inflight = variant >= 3 ? (argc > 2 ? std::atoi(argv[2]) : 1) : 0;
-    if (variant >= 3)
-      std::printf("(%s pushed, %d copies in flight)\n", variant == 3 ? "phase B's partials" : "phases A and B's exchanges",
-                  max_inflight);
-    CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
+  // One captured launch replayed at every position below: the epoch and the position come from
+  // device memory, as they would in an engine's CUDA graph.
+  reset();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch(kLayers, 1);
+  CK(cudaStreamEndCapture(stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  std::snprintf(what, sizeof what, "graph replay, %d copies in flight", cap);
+  unsigned epoch = 0;
+  for (int P : {0, 1, 63, 64, 65, 300, 511, 512, 1000, 2047}) {
+    set_pos(P);
+    CK(cudaGraphLaunch(exec, stream));
+    m.reference(stream, kLayers, P);
+    CK(cudaStreamSynchronize(stream));
+    ok = m.check(out_row(epoch++, kLayers), kLayers, P, what) && ok;
+  }
+  unsigned dev_epoch = 0;
+  CK(cudaMemcpy(&dev_epoch, sync + 2, 4, cudaMemcpyDeviceToHost));
+  if (dev_epoch != epoch) {
+    std::printf("epoch after %u launches: %u <-- WRONG\n", epoch, dev_epoch);
+    ok = false;
+  }
+  std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
+
+  set_pos(kPos);
+  for (int compute : {1, 0}) {  // where a layer's time goes
     const size_t marks = (size_t)nblocks * 2 * kLayers * kMarks;
     CK(cudaMemsetAsync(trace, 0, marks * 8, stream));
     launch(kLayers, 1, true, compute);
     CK(cudaStreamSynchronize(stream));
     std::vector<unsigned long long> tr(marks);
     CK(cudaMemcpy(tr.data(), trace, marks * 8, cudaMemcpyDeviceToHost));
+    std::printf("(position %d, %d copies in flight)\n", kPos, cap);
     print_trace(tr, nblocks, compute);
   }
+  auto report = [&](int round, const char* label, int P, float ms) {
+    std::printf("round %d: %s, position %d: median %.4f ms, %.0f GB/s, %.1f%% of peak\n", round, label, P, ms,
+                bytes_at(P) / ms / 1e6, 100.0 * bytes_at(P) / ms / 1e-3 / peak);
+  };
   for (int round = 0; round < 2; ++round) {
-    for (int compute : {1, 0, 2})
-      for (int wait : {1, 0}) {
-        if (compute == 2 && wait) continue;
-        CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
-        sync_kind = 0;
-        max_inflight = 0;  // as first built: cluster syncs, the ring's 13 copies in flight
-        const float ms = time_it([&] { launch(kLayers, wait, false, compute); }, 100);
-        std::printf("round %d: persistent, %d clusters of %d, 2 grid dependencies a layer%s%s: median %.4f ms, %.0f GB/s, "
-                    "%.1f%% of peak\n",
-                    round, clusters, kCluster, wait ? "" : ", NO grid wait", compute == 1 ? "" : compute == 0 ? ", products NOT computed" : ", the weight stream ALONE",
-                    ms, bytes / ms / 1e6, 100.0 * bytes / ms / 1e-3 / peak);
-      }
-    // (sync kind, copies in flight, compute): the stream alone at a cap, then the full kernel.
-    const int3 variants[] = {{0, 2, 2}, {0, 2, 1}, {2, 2, 1}, {3, 2, 1}, {3, 1, 1}, {3, 3, 1}, {1, 2, 1}};
-    for (const int3 v : variants) {
-      sync_kind = v.x;
-      max_inflight = v.y;
-      CK(cudaMemsetAsync(rows, 0, 3 * kHidden * 4, stream));
-      const float ms = time_it([&] { launch(kLayers, v.z == 2 ? 0 : 1, false, v.z); }, 100);
-      std::printf("round %d: persistent, %s, %d copies in flight: median %.4f ms, %.0f GB/s, %.1f%% of peak\n", round,
-                  v.z == 2      ? "the weight stream ALONE"
-                  : v.x == 3    ? "phases A and B pushed"
-                  : v.x == 2    ? "phase B's partials pushed"
-                  : v.x == 1    ? "relaxed arrivals (timing only)"
-                                : "cluster syncs",
-                  v.y, ms, bytes / ms / 1e6, 100.0 * bytes / ms / 1e-3 / peak);
+    set_pos(kPos);
+    for (int c : {1, 2, 3}) {  // direct launches at each cap
+      max_inflight = c;
+      reset();
+      std::snprintf(what, sizeof what, "persistent, %d copies in flight", c);
+      report(round, what, kPos, median_ms(stream, [&] { launch(kLayers, 1); }, 10, 100));
     }
-    max_inflight = 0;
-    sync_kind = 0;
-    const float ref_ms = time_it([&] { m.reference(stream, kLayers); }, 20);
-    std::printf("round %d: reference (plain kernels, not tuned, for scale): %.4f ms\n", round, ref_ms);
+    max_inflight = cap;
+    reset();
+    report(round, "persistent, NO grid wait (wrong results)", kPos, median_ms(stream, [&] { launch(kLayers, 0); }, 10, 100));
+    report(round, "the weight stream ALONE", kPos, median_ms(stream, [&] { launch(kLayers, 0, false, 2); }, 10, 100));
+    reset();
+    std::snprintf(what, sizeof what, "graph replay, %d copies in flight", cap);
+    for (int P : {128, kPos, 1024, 2047}) {
+      set_pos(P);
+      report(round, what, P, median_ms(stream, [&] { CK(cudaGraphLaunch(exec, stream)); }, 10, 100));
+    }
+    report(round, "reference (plain kernels, not tuned, for scale)", kPos,
+           median_ms(stream, [&] { m.reference(stream, kLayers, kPos); }, 3, 20));
   }
-  std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
   return ok ? 0 : 2;
 }

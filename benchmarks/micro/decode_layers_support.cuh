@@ -17,7 +17,8 @@
 
 // The benchmark model (examples/llm_generate/llama_kv.py "bench").
 constexpr int kHidden = 1024, kInter = 4096, kLayers = 24, kHeads = 16, kKvHeads = 8, kHeadDim = 64;
-constexpr int kMaxLen = 768, kPos = 512;  // 512 cached positions, the new token at 512
+constexpr int kMaxLen = 2048;  // the cache's rows a kv head: positions 0..2047
+constexpr int kPos = 512;      // the position the traces and most timings run at (512 cached rows)
 constexpr int kCluster = 8, kABlocks = kKvHeads * kCluster;  // phase A: a cluster a kv head
 constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1), kCT = 32 * kConsumers;
 constexpr int kStageBytes = 16384, kStageElems = kStageBytes / 2;
@@ -88,17 +89,30 @@ struct Step {
   const int *task0, *tasks, *pre;  // per block: first phase-B task, task count, first packed stage
   int stages_per_layer;            // packed stages of all blocks in one layer
   __nv_bfloat16 *kc, *vc;          // [layer][kv head][kMaxLen][64]
-  const float *cosv, *sinv;        // [32] at kPos
+  const float *cos_tab, *sin_tab;  // the rotary's [kMaxLen][32]
+  const int* pos;                  // device: the token's position P (P cached rows before it)
   const float* x0;                 // the token's embedding row
-  float* rows;                     // 3 residual rows of 1024 (a ring; see the kernel)
-  unsigned* counters;              // [0]: phase-A arrivals, [1]: phase-B arrivals
-  unsigned base_a, base_b;
+  // The sync area (zeroed once, then only the kernel writes it): [0] phase-A arrivals, [1]
+  // phase-B arrivals, [2] the launch's epoch (launches completed), and 3 residual rows of 1024.
+  // Arrival targets and the rows' ring position count from the epoch, so a CUDA graph can replay
+  // the same arguments every token.
+  unsigned* sync;
+  float* rows;
   int layers, grid_wait;
   int compute;  // 0: the products only wait for and release their stages; 2: nothing but the stream
-  int sync_kind;  // 0: remote arrivals with release; 1: relaxed (timing only); 2: phase B pushes (st.async); 3: A and B push
   int max_inflight;  // the producer's copies in flight at most (0: the ring's depth)
   unsigned long long* trace;  // null, or [block][2 * layers phases][kMarks points in the phase]
 };
+// The cached rows [0, P) of a kv head in 64-row stages, split evenly among the cluster's blocks:
+// block `rank` attends over stages [first, first + count); stage j holds kv_rows(P, j) rows.
+struct KvSplit {
+  int first, count;
+};
+__host__ __device__ __forceinline__ KvSplit kv_split(int P, int rank) {
+  const int stages = (P + 63) / 64, first = stages * rank / kCluster;
+  return {first, stages * (rank + 1) / kCluster - first};
+}
+__host__ __device__ __forceinline__ int kv_rows(int P, int stage) { return P - 64 * stage < 64 ? P - 64 * stage : 64; }
 
 // The dot product of a staged 1024-long bf16 row with the phase's normalized x (a warp). Lane
 // `lane` owns elements 8v..8v+7 for v = lane + 32j, held in registers (xr) for the whole phase:
@@ -188,8 +202,9 @@ __global__ void ref_gemv(const __nv_bfloat16* w, const float* x, float* y, int n
   s = warp_sum(s);
   if (lane == 0) y[row] = s + (res ? res[row] : 0.f);
 }
-__global__ void ref_rotary_cache(float* q, float* k, const float* v, const float* cosv, const float* sinv,
-                                 __nv_bfloat16* kc, __nv_bfloat16* vc, int l) {
+__global__ void ref_rotary_cache(float* q, float* k, const float* v, const float* cos_tab, const float* sin_tab,
+                                 __nv_bfloat16* kc, __nv_bfloat16* vc, int l, int P) {
+  const float *cosv = cos_tab + 32 * P, *sinv = sin_tab + 32 * P;
   const int head = blockIdx.x, i = threadIdx.x;  // 24 blocks (16 q heads, 8 k heads), 32 threads
   float* x = head < kHeads ? q + head * kHeadDim : k + (head - kHeads) * kHeadDim;
   const float a = x[i], bb = x[i + 32];
@@ -198,27 +213,27 @@ __global__ void ref_rotary_cache(float* q, float* k, const float* v, const float
   x[i + 32] = bb * cosv[i] + a * sinv[i];
   if (head >= kHeads) {
     const int g = head - kHeads;
-    const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + kPos) * kHeadDim;
+    const size_t off = (((size_t)l * kKvHeads + g) * kMaxLen + P) * kHeadDim;
     kc[off + i] = __float2bfloat16(x[i]);
     kc[off + i + 32] = __float2bfloat16(x[i + 32]);
     vc[off + i] = __float2bfloat16(v[g * kHeadDim + i]);
     vc[off + i + 32] = __float2bfloat16(v[g * kHeadDim + i + 32]);
   }
 }
-__global__ void ref_attention(const float* q, const __nv_bfloat16* kc, const __nv_bfloat16* vc, int l, float* o) {
-  __shared__ float sc[kPos + 1];
+__global__ void ref_attention(const float* q, const __nv_bfloat16* kc, const __nv_bfloat16* vc, int l, int P, float* o) {
+  __shared__ float sc[kMaxLen];
   const int h = blockIdx.x, g = h / 2, t = threadIdx.x;  // 64 threads
   const size_t base = ((size_t)l * kKvHeads + g) * kMaxLen * kHeadDim;
-  for (int p = t; p <= kPos; p += blockDim.x) {
+  for (int p = t; p <= P; p += blockDim.x) {
     float s = 0.f;
     for (int d = 0; d < kHeadDim; ++d) s += q[h * kHeadDim + d] * __bfloat162float(kc[base + (size_t)p * kHeadDim + d]);
     sc[p] = s * 0.125f;
   }
   __syncthreads();
   float m = -INFINITY;
-  for (int p = 0; p <= kPos; ++p) m = fmaxf(m, sc[p]);
+  for (int p = 0; p <= P; ++p) m = fmaxf(m, sc[p]);
   float sum = 0.f, acc = 0.f;
-  for (int p = 0; p <= kPos; ++p) {
+  for (int p = 0; p <= P; ++p) {
     const float e = expf(sc[p] - m);
     sum += e;
     acc += e * __bfloat162float(vc[base + (size_t)p * kHeadDim + t]);
