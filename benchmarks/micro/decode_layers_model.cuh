@@ -131,21 +131,28 @@ struct Model {
   }
 };
 
-// Each block's stream: its phase-B tasks (the phase-A blocks `ta` each, the others the rest) and
-// the packed 16 KB stages in the order the block reads them (pack() in decode_layers_support.cuh
-// copies the logical weights there, a second copy of them, as a load-time repack would).
+// Each block's phase-B tasks (the phase-A blocks `ta` each, the others the rest; whole pairs, so
+// that a block's down stages are its own) and the packed stages (pack() in
+// decode_layers_support.cuh copies the logical weights there, a second copy of them, as a
+// load-time repack would; the copy does not depend on the grid).
 struct Layout {
-  int *task0 = nullptr, *tasks = nullptr, *pre = nullptr;  // device: first task, task count, first stage
-  int stages_per_layer = 0;
-  __nv_bfloat16* packed = nullptr;  // null: the layout was refused (printed why)
+  int *task0 = nullptr, *tasks = nullptr;  // device: first task, task count
+  __nv_bfloat16* packed = nullptr;         // null: the layout was refused (printed why)
 };
 inline Layout pack_layout(const Weights& wt, int nblocks, int ta) {
   const int nb = nblocks - kABlocks;
-  std::vector<int> task0(nblocks), tasks(nblocks), pre(nblocks);
-  ta = std::max(1, ta);
-  const int rest = kTasks - ta * kABlocks;
+  if (ta < 2 || ta % 2) {
+    std::printf("phase-A blocks' tasks %d: must be even and at least 2 (tasks go in pairs)\n", ta);
+    return {};
+  }
+  std::vector<int> task0(nblocks), tasks(nblocks);
+  const int rest = kTasks / 2 - ta / 2 * kABlocks;  // pairs left for the other blocks
+  if (rest < 0 || (nb == 0 && rest > 0)) {
+    std::printf("phase-A blocks' tasks %d do not fit %d blocks\n", ta, nblocks);
+    return {};
+  }
   for (int bl = 0; bl < nblocks; ++bl)
-    tasks[bl] = bl < kABlocks ? ta : rest / nb + ((bl - kABlocks) < rest % nb ? 1 : 0);
+    tasks[bl] = bl < kABlocks ? ta : 2 * (rest / nb + ((bl - kABlocks) < rest % nb ? 1 : 0));
   int t0 = 0;
   for (int bl = 0; bl < nblocks; ++bl) {
     task0[bl] = t0;
@@ -155,38 +162,17 @@ inline Layout pack_layout(const Weights& wt, int nblocks, int ta) {
       return {};
     }
   }
-  if (t0 != kTasks) {
-    std::printf("tasks %d != %d\n", t0, kTasks);
-    return {};
-  }
-  std::vector<int4> desc;  // (block, kind, index, 0); kinds: 0 q, 1 k, 2 v, 3 o, 4 gate|up, 5 down
-  for (int bl = 0; bl < nblocks; ++bl) {
-    pre[bl] = static_cast<int>(desc.size());
-    if (bl < kABlocks) {
-      for (int t = 0; t < 4; ++t) desc.push_back({bl, t < 2 ? 0 : t - 1, t < 2 ? t : 0, 0});
-      desc.push_back({bl, 3, 0, 0});
-      desc.push_back({bl, 3, 1, 0});
-    }
-    for (int t = 0; t < tasks[bl]; ++t) desc.push_back({bl, 4, t, 0});
-    for (int t = 0; t < (tasks[bl] + 1) / 2; ++t) desc.push_back({bl, 5, t, 0});
-  }
-  Layout lay;
-  lay.stages_per_layer = static_cast<int>(desc.size());
   std::printf("%d blocks: %d with phase A (%d tasks each), %d without (%d-%d tasks); %d stages of 16 KB a layer\n",
               nblocks, kABlocks, tasks[0], nb, nb ? *std::min_element(tasks.begin() + kABlocks, tasks.end()) : 0,
-              nb ? *std::max_element(tasks.begin() + kABlocks, tasks.end()) : 0, lay.stages_per_layer);
+              nb ? *std::max_element(tasks.begin() + kABlocks, tasks.end()) : 0, kStagesPerLayer);
+  Layout lay;
   lay.task0 = alloc<int>(nblocks);
   lay.tasks = alloc<int>(nblocks);
-  lay.pre = alloc<int>(nblocks);
-  int4* d_desc = alloc<int4>(desc.size());
   CK(cudaMemcpy(lay.task0, task0.data(), nblocks * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(lay.tasks, tasks.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(lay.pre, pre.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_desc, desc.data(), desc.size() * sizeof(int4), cudaMemcpyHostToDevice));
-  lay.packed = alloc<__nv_bfloat16>((size_t)kLayers * lay.stages_per_layer * kStageElems);
-  pack<<<4096, 256>>>(wt, d_desc, lay.stages_per_layer, lay.task0, lay.tasks, lay.packed);
+  lay.packed = alloc<__nv_bfloat16>((size_t)kLayers * kStagesPerLayer * kStageElems);
+  pack<<<4096, 256>>>(wt, lay.packed);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  CK(cudaFree(d_desc));
   return lay;
 }

@@ -87,7 +87,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
   const int rank = static_cast<int>(cluster.block_rank()), c = blockIdx.x / kCluster, b = blockIdx.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nblocks = gridDim.x;
   const bool has_a = b < kABlocks;  // cluster c < 8: kv head g = c
-  const int g = c, tasks = st.tasks[b], down_stages = (tasks + 1) / 2;
+  const int g = c, task0 = st.task0[b], tasks = st.tasks[b], down_stages = tasks / 2;
   const int P = *st.pos;  // cached rows before the token; the token's own row is P
   const KvSplit kv = has_a ? kv_split(P, rank) : KvSplit{0, 0};
   // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
@@ -110,7 +110,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     const int max_inflight = st.max_inflight;
     unsigned i = 0;
     for (int l = 0; l < st.layers; ++l) {
-      const __nv_bfloat16* src = st.packed + ((size_t)l * st.stages_per_layer + st.pre[b]) * kStageElems;
+      // The layer's three regions: this block's phase-A stages, its tasks' gate|up and down stages.
+      const __nv_bfloat16* layer = st.packed + (size_t)l * kStagesPerLayer * kStageElems;
+      const __nv_bfloat16* a_src = layer + (size_t)b * kAStages * kStageElems;
+      const __nv_bfloat16* gu_src = layer + (size_t)(kGuRegion + task0) * kStageElems;
+      const __nv_bfloat16* down_src = layer + (size_t)(kDownRegion + task0 / 2) * kStageElems;
+      const int a_stages = has_a ? kAStages + kv.count : 0;
       for (int k = 0; k < per_layer; ++k, ++i) {
         const int s = i % STAGES;
         // At most max_inflight copies in flight: a release fence (the phase's arrival) waits for
@@ -130,9 +135,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
           bulk_load(dst + kStageBytes / 2, st.vc + off, bytes, &S.full[s]);
           continue;
         }
-        const int packed = has_a && cached >= kv.count ? k - kv.count : k;
+        const __nv_bfloat16* src = k < a_stages ? a_src + (size_t)(k < 4 ? k : k - kv.count) * kStageElems
+                                   : k < a_stages + tasks ? gu_src + (size_t)(k - a_stages) * kStageElems
+                                                          : down_src + (size_t)(k - a_stages - tasks) * kStageElems;
         mbar_expect_bytes(&S.full[s], kStageBytes);
-        bulk_load(dst, src + (size_t)packed * kStageElems, kStageBytes, &S.full[s]);
+        bulk_load(dst, src, kStageBytes, &S.full[s]);
       }
     }
     return;
@@ -386,31 +393,20 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1) 
     begin_phase(p, wt.g2 + (size_t)l * kHidden);
     float xr[32];
     load_x(xr, S.xn, lane);
-    for (int t = 0; t < tasks; t += 2) {  // two stages at once; warp w < 4: gate column 4t+w, else up column 4t+w-4
-      auto put = [&](int task, float v) {
-        if (lane == 0) S.h[warp < 4 ? 4 * task + warp : 4 * kMaxTasks + 4 * task + warp - 4] = v;
-      };
-      if (t + 1 < tasks) {
-        const __nv_bfloat16* const rows[2] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden};
-        float v[2] = {0.f, 0.f};
-        if (st.compute) rows_dot<2>(rows, xr, lane, v);
-        put(t, v[0]);
-        put(t + 1, v[1]);
-        release();
-        release();
-      } else {
-        const __nv_bfloat16* const rows[1] = {peek(0) + warp * kHidden};
-        float v[1] = {0.f};
-        if (st.compute) rows_dot<1>(rows, xr, lane, v);
-        put(t, v[0]);
-        release();
-      }
+    for (int t = 0; t < tasks; t += 2) {  // a pair of tasks (two stages) at once; warp w < 4: gate column 4t+w, else up
+      const __nv_bfloat16* const rows[2] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden};
+      float v[2] = {0.f, 0.f};
+      if (st.compute) rows_dot<2>(rows, xr, lane, v);
+      if (lane == 0)
+        for (int u = 0; u < 2; ++u) S.h[warp < 4 ? 4 * (t + u) + warp : 4 * kMaxTasks + 4 * (t + u) + warp - 4] = v[u];
+      release();
+      release();
     }
     consumers_sync();
     mark(p, 2);
-    if (tid < 4 * kMaxTasks) {  // columns past the block's own are the down stages' zero padding
+    if (tid < 4 * tasks) {
       const float gt = S.h[tid];
-      S.h[tid] = tid < 4 * tasks ? gt / (1.f + __expf(-gt)) * S.h[4 * kMaxTasks + tid] : 0.f;
+      S.h[tid] = gt / (1.f + __expf(-gt)) * S.h[4 * kMaxTasks + tid];
     }
     consumers_sync();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -515,7 +511,7 @@ int main(int argc, char** argv) {
   unsigned long long* trace = alloc<unsigned long long>((size_t)nblocks * 2 * kLayers * kMarks);
   int max_inflight = cap;
   auto launch = [&](int layers, int grid_wait, bool traced = false, int compute = 1) {
-    Step st{lay.packed, lay.task0, lay.tasks, lay.pre, lay.stages_per_layer, m.kc, m.vc, m.cos_tab, m.sin_tab, d_pos,
+    Step st{lay.packed, lay.task0, lay.tasks, m.kc, m.vc, m.cos_tab, m.sin_tab, d_pos,
             m.x0, sync, rows, layers, grid_wait, compute, max_inflight, traced ? trace : nullptr};
     kernel<<<nblocks, kThreads, shared, stream>>>(wt, st);
     CK(cudaGetLastError());

@@ -25,6 +25,12 @@ constexpr int kStageBytes = 16384, kStageElems = kStageBytes / 2;
 constexpr int kTasks = kInter / 4;  // phase-B task: 4 gate + 4 up columns (one stage), 4 down columns
 constexpr int kMaxTasks = 16;       // a block's tasks a layer
 constexpr int kAStages = 6;         // packed phase-A stages: q (2 heads), k, v, o (2 halves)
+// A layer's packed stages, in three regions that do not depend on the grid: the phase-A blocks'
+// (6 each), a gate|up stage a task, a down stage a pair of tasks. A block's phase-B tasks are a
+// run of whole pairs, so its stages are a run in each region: any co-resident cluster count can
+// read the same copy (an engine packs once at load, then sizes the grid to the GPU it runs on).
+constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
+constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kMarks = 8;           // traced points a phase (globaltimer)
 
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
@@ -85,9 +91,8 @@ struct Weights {  // logical layout, [out][in], per layer contiguous
   const float *g1, *g2;  // RMSNorm weights [layers][1024]
 };
 struct Step {
-  const __nv_bfloat16* packed;  // per layer, per block: its stages (Step::pre), 8192 bf16 each
-  const int *task0, *tasks, *pre;  // per block: first phase-B task, task count, first packed stage
-  int stages_per_layer;            // packed stages of all blocks in one layer
+  const __nv_bfloat16* packed;  // the stages of every layer (kStagesPerLayer each, see pack())
+  const int *task0, *tasks;        // per block: first phase-B task and task count (both even)
   __nv_bfloat16 *kc, *vc;          // [layer][kv head][kMaxLen][64]
   const float *cos_tab, *sin_tab;  // the rotary's [kMaxLen][32]
   const int* pos;                  // device: the token's position P (P cached rows before it)
@@ -245,37 +250,36 @@ __global__ void ref_silu_mul(const float* gt, const float* up, float* h) {
   if (i < kInter) h[i] = gt[i] / (1.f + expf(-gt[i])) * up[i];
 }
 
-// Repack the logical weights into each block's stream (the layout the producer walks). desc[k] of
-// a layer's packed stage k: {block, kind, param}: kind 0 q (param: which of the kv head's two
-// query heads), 1 k, 2 v, 3 o (param: which 64-row half), 4 gate|up (param: the block's task), 5
-// down (param: the block's pair of tasks, zero past its last column).
-__global__ void pack(Weights wt, const int4* desc, int stages_per_layer, const int* task0, const int* tasks,
-                     __nv_bfloat16* packed) {
-  const size_t total = (size_t)kLayers * stages_per_layer * kStageElems;
+// Repack the logical weights into the layers' stages (kStagesPerLayer a layer, 8192 bf16 each):
+// stage k < kGuRegion is phase-A block k / 6's (0, 1: q of its kv head's two query heads, 8 head
+// dims each; 2: k; 3: v; 4, 5: the o-projection's 64-row halves); then task t's gate|up (gate
+// columns 4t..4t+3, then up); then pair u's down (all 1024 rows, intermediate columns 8u..8u+7).
+__global__ void pack(Weights wt, __nv_bfloat16* packed) {
+  const size_t total = (size_t)kLayers * kStagesPerLayer * kStageElems;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const int e = static_cast<int>(i % kStageElems);
-    const int k = static_cast<int>((i / kStageElems) % stages_per_layer);
-    const int l = static_cast<int>(i / ((size_t)kStageElems * stages_per_layer));
-    const int4 d4 = desc[k];
-    const int b = d4.x, kind = d4.y, param = d4.z, r = b % kCluster, g = b / kCluster;
+    const int k = static_cast<int>((i / kStageElems) % kStagesPerLayer);
+    const int l = static_cast<int>(i / ((size_t)kStageElems * kStagesPerLayer));
     float v = 0.f;
-    if (kind <= 2) {  // 8 rows (head dims) of 1024
-      const int row = e / kHidden, col = e % kHidden, d = head_dim_of(r, row);
-      if (kind == 0)
-        v = __bfloat162float(wt.wq[(size_t)l * kHidden * kHidden + (size_t)((2 * g + param) * kHeadDim + d) * kHidden + col]);
-      else
-        v = __bfloat162float((kind == 1 ? wt.wk : wt.wv)[(size_t)l * kKvHeads * kHeadDim * kHidden +
-                                                         (size_t)(g * kHeadDim + d) * kHidden + col]);
-    } else if (kind == 3) {  // o: 64 rows, the two query heads' 128 columns
-      const int row = 128 * r + 64 * param + e / 128, col = 2 * g * kHeadDim + e % 128;
-      v = __bfloat162float(wt.wo[(size_t)l * kHidden * kHidden + (size_t)row * kHidden + col]);
-    } else if (kind == 4) {  // gate columns 4t..4t+3, then up columns 4t..4t+3
-      const int row = e / kHidden, col = e % kHidden, n = 4 * (task0[b] + param) + (row & 3);
+    if (k < kGuRegion) {
+      const int b = k / kAStages, kind = k % kAStages, r = b % kCluster, g = b / kCluster;
+      if (kind < 4) {  // 8 rows (head dims) of 1024
+        const int row = e / kHidden, col = e % kHidden, d = head_dim_of(r, row);
+        if (kind < 2)
+          v = __bfloat162float(wt.wq[(size_t)l * kHidden * kHidden + (size_t)((2 * g + kind) * kHeadDim + d) * kHidden + col]);
+        else
+          v = __bfloat162float((kind == 2 ? wt.wk : wt.wv)[(size_t)l * kKvHeads * kHeadDim * kHidden +
+                                                          (size_t)(g * kHeadDim + d) * kHidden + col]);
+      } else {  // o: 64 rows, the two query heads' 128 columns
+        const int row = 128 * r + 64 * (kind - 4) + e / 128, col = 2 * g * kHeadDim + e % 128;
+        v = __bfloat162float(wt.wo[(size_t)l * kHidden * kHidden + (size_t)row * kHidden + col]);
+      }
+    } else if (k < kDownRegion) {  // gate columns 4t..4t+3, then up columns 4t..4t+3
+      const int row = e / kHidden, col = e % kHidden, n = 4 * (k - kGuRegion) + (row & 3);
       v = __bfloat162float((row < 4 ? wt.wg : wt.wu)[(size_t)l * kInter * kHidden + (size_t)n * kHidden + col]);
-    } else {  // down: all 1024 output rows, 8 of the block's columns
-      const int row = e / 8, local = 8 * param + e % 8;
-      if (local < 4 * tasks[b])
-        v = __bfloat162float(wt.wd[(size_t)l * kHidden * kInter + (size_t)row * kInter + 4 * task0[b] + local]);
+    } else {  // down: all 1024 output rows, 8 intermediate columns
+      const int row = e / 8, col = 8 * (k - kDownRegion) + e % 8;
+      v = __bfloat162float(wt.wd[(size_t)l * kHidden * kInter + (size_t)row * kInter + col]);
     }
     packed[i] = __float2bfloat16(v);
   }
