@@ -20,6 +20,7 @@ struct Model {
   float *g1, *g2;
   __nv_bfloat16 *kc, *vc, *rkc, *rvc;  // the kernel's cache and the reference's copy
   float *cos_tab, *sin_tab, *x0;       // the rotary's [kMaxLen][32], the token's embedding row
+  __nv_bfloat16* x0b;                  // the same row as the kernel takes it (x0 holds bf16 values)
   float *rx, *rx1, *xn, *q, *k, *v, *o, *gt, *up, *hh;  // the reference's activations
 
   Model() {
@@ -42,6 +43,8 @@ struct Model {
     g2 = alloc<float>(kLayers * kHidden);
     fill_f32<<<64, 256>>>(g1, kLayers * kHidden, 21u, 1.f, 0.2f);
     fill_f32<<<64, 256>>>(g2, kLayers * kHidden, 22u, 1.f, 0.2f);
+    round_bf16_values<<<64, 256>>>(g1, kLayers * kHidden);  // the kernel reads them as bf16
+    round_bf16_values<<<64, 256>>>(g2, kLayers * kHidden);
     kc = alloc<__nv_bfloat16>(kCacheElems);
     vc = alloc<__nv_bfloat16>(kCacheElems);
     rkc = alloc<__nv_bfloat16>(kCacheElems);
@@ -63,6 +66,9 @@ struct Model {
     CK(cudaMemcpy(cos_tab, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(sin_tab, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
     fill_f32<<<4, 256>>>(x0, kHidden, 41u, 0.f, 1.7f);
+    round_bf16_values<<<4, 256>>>(x0, kHidden);
+    x0b = alloc<__nv_bfloat16>(kHidden);
+    to_bf16<<<4, 256>>>(x0, kHidden, x0b);
     rx = alloc<float>(kHidden);
     rx1 = alloc<float>(kHidden);
     xn = alloc<float>(kHidden);
@@ -131,48 +137,13 @@ struct Model {
   }
 };
 
-// Each block's phase-B tasks (the phase-A blocks `ta` each, the others the rest; whole pairs, so
-// that a block's down stages are its own) and the packed stages (pack() in
-// decode_layers_support.cuh copies the logical weights there, a second copy of them, as a
-// load-time repack would; the copy does not depend on the grid).
-struct Layout {
-  int *task0 = nullptr, *tasks = nullptr;  // device: first task, task count
-  __nv_bfloat16* packed = nullptr;         // null: the layout was refused (printed why)
-};
-inline Layout pack_layout(const Weights& wt, int nblocks, int ta) {
-  const int nb = nblocks - kABlocks;
-  if (ta < 2 || ta % 2) {
-    std::printf("phase-A blocks' tasks %d: must be even and at least 2 (tasks go in pairs)\n", ta);
-    return {};
-  }
-  std::vector<int> task0(nblocks), tasks(nblocks);
-  const int rest = kTasks / 2 - ta / 2 * kABlocks;  // pairs left for the other blocks
-  if (rest < 0 || (nb == 0 && rest > 0)) {
-    std::printf("phase-A blocks' tasks %d do not fit %d blocks\n", ta, nblocks);
-    return {};
-  }
-  for (int bl = 0; bl < nblocks; ++bl)
-    tasks[bl] = bl < kABlocks ? ta : 2 * (rest / nb + ((bl - kABlocks) < rest % nb ? 1 : 0));
-  int t0 = 0;
-  for (int bl = 0; bl < nblocks; ++bl) {
-    task0[bl] = t0;
-    t0 += tasks[bl];
-    if (tasks[bl] > kMaxTasks) {
-      std::printf("block %d: %d tasks, more than %d\n", bl, tasks[bl], kMaxTasks);
-      return {};
-    }
-  }
-  std::printf("%d blocks: %d with phase A (%d tasks each), %d without (%d-%d tasks); %d stages of 16 KB a layer\n",
-              nblocks, kABlocks, tasks[0], nb, nb ? *std::min_element(tasks.begin() + kABlocks, tasks.end()) : 0,
-              nb ? *std::max_element(tasks.begin() + kABlocks, tasks.end()) : 0, kStagesPerLayer);
-  Layout lay;
-  lay.task0 = alloc<int>(nblocks);
-  lay.tasks = alloc<int>(nblocks);
-  CK(cudaMemcpy(lay.task0, task0.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(lay.tasks, tasks.data(), nblocks * 4, cudaMemcpyHostToDevice));
-  lay.packed = alloc<__nv_bfloat16>((size_t)kLayers * kStagesPerLayer * kStageElems);
-  pack<<<4096, 256>>>(wt, lay.packed);
+// The first `layers` layers' weights packed into the kernel's stages and norm region (pack() in
+// decode_layers_support.cuh): a second copy of them, as a load-time repack would make; the copy
+// does not depend on the grid.
+inline __nv_bfloat16* pack_weights(const Weights& wt, int layers) {
+  __nv_bfloat16* packed = alloc<__nv_bfloat16>((size_t)layers * kStagesPerLayer * kStageElems + (size_t)layers * 2 * kHidden);
+  pack<<<4096, 256>>>(wt, layers, packed);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  return lay;
+  return packed;
 }

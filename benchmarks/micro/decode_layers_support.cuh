@@ -1,9 +1,8 @@
 // decode_layers_persistent.cu's support: the model's shapes and the kernel's layout constants,
-// the device helpers (cluster mbarriers, warp reductions, the staged-row dot products), the
-// reference (a plain kernel an op on the logical weights), the repacking of those weights into
-// each block's stream, the random fills and the trace summary. Included by that file only.
+// the reference (a plain kernel an op on the logical weights), the repacking of those weights
+// into the kernel's stages, the random fills and the trace summary. Included by that file only;
+// the kernel itself is src/ops/decode_layers_kernel.cpp's source.
 #pragma once
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,10 +19,9 @@ constexpr int kHidden = 1024, kInter = 4096, kLayers = 24, kHeads = 16, kKvHeads
 constexpr int kMaxLen = 2048;  // the cache's rows a kv head: positions 0..2047
 constexpr int kPos = 512;      // the position the traces and most timings run at (512 cached rows)
 constexpr int kCluster = 8, kABlocks = kKvHeads * kCluster;  // phase A: a cluster a kv head
-constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1), kCT = 32 * kConsumers;
+constexpr int kThreads = 288;  // eight consumer warps and a producer
 constexpr int kStageBytes = 16384, kStageElems = kStageBytes / 2;
 constexpr int kTasks = kInter / 4;  // phase-B task: 4 gate + 4 up columns (one stage), 4 down columns
-constexpr int kMaxTasks = 16;       // a block's tasks a layer
 constexpr int kAStages = 6;         // packed phase-A stages: q (2 heads), k, v, o (2 halves)
 // A layer's packed stages, in three regions that do not depend on the grid: the phase-A blocks'
 // (6 each), a gate|up stage a task, a down stage a pair of tasks. A block's phase-B tasks are a
@@ -33,157 +31,18 @@ constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kMarks = 8;           // traced points a phase (globaltimer)
 
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-// Timing only: a remote arrival that orders none of the thread's earlier writes.
-__device__ __forceinline__ void mbar_arrive_remote_relaxed(uint64_t* bar, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-// 16 bytes into block `rank`'s shared memory at the address `dst` has in this block, completing
-// 16 bytes of the transaction count of that block's barrier at `bar`'s offset.
-__device__ __forceinline__ void push_v4(float* dst, uint64_t* bar, unsigned rank, float4 v) {
-  unsigned rd, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(rd),
-               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
-               : "memory");
-}
-__device__ __forceinline__ void push_b32(float* dst, uint64_t* bar, unsigned rank, float v) {
-  unsigned rd, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rd), "r"(__float_as_uint(v)),
-               "r"(rb)
-               : "memory");
-}
-__device__ __forceinline__ void consumers_sync() {  // named barrier 1: the consumer warps only
-  asm volatile("bar.sync 1, %0;" ::"n"(kCT) : "memory");
-}
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
-// Head dim of a block's w-th q|k|v column: 4 dims and their rotary partners 32 away.
+// Head dim of a phase-A block's w-th q|k|v row: 4 dims and their rotary partners 32 away (the
+// kernel's head_dim_of, src/ops/decode_layers_kernel.cpp).
 __host__ __device__ __forceinline__ int head_dim_of(int rank, int w) { return w < 4 ? 4 * rank + w : 4 * rank + 28 + w; }
 
 struct Weights {  // logical layout, [out][in], per layer contiguous
   const __nv_bfloat16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
-  const float *g1, *g2;  // RMSNorm weights [layers][1024]
+  const float *g1, *g2;  // RMSNorm weights [layers][1024], bf16 values
 };
-struct Step {
-  const __nv_bfloat16* packed;  // the stages of every layer (kStagesPerLayer each, see pack())
-  const int *task0, *tasks;        // per block: first phase-B task and task count (both even)
-  __nv_bfloat16 *kc, *vc;          // [layer][kv head][kMaxLen][64]
-  const float *cos_tab, *sin_tab;  // the rotary's [kMaxLen][32]
-  const int* pos;                  // device: the token's position P (P cached rows before it)
-  const float* x0;                 // the token's embedding row
-  // The sync area (zeroed once, then only the kernel writes it): [0] phase-A arrivals, [1]
-  // phase-B arrivals, [2] the launch's epoch (launches completed), and 3 residual rows of 1024.
-  // Arrival targets and the rows' ring position count from the epoch, so a CUDA graph can replay
-  // the same arguments every token.
-  unsigned* sync;
-  float* rows;
-  int layers, grid_wait;
-  int compute;  // 0: the products only wait for and release their stages; 2: nothing but the stream
-  int max_inflight;  // the producer's copies in flight at most (0: the ring's depth)
-  unsigned long long* trace;  // null, or [block][2 * layers phases][kMarks points in the phase]
-};
-// The cached rows [0, P) of a kv head in 64-row stages, split evenly among the cluster's blocks:
-// block `rank` attends over stages [first, first + count); stage j holds kv_rows(P, j) rows.
-struct KvSplit {
-  int first, count;
-};
-__host__ __device__ __forceinline__ KvSplit kv_split(int P, int rank) {
-  const int stages = (P + 63) / 64, first = stages * rank / kCluster;
-  return {first, stages * (rank + 1) / kCluster - first};
-}
-__host__ __device__ __forceinline__ int kv_rows(int P, int stage) { return P - 64 * stage < 64 ? P - 64 * stage : 64; }
-
-// The dot product of a staged 1024-long bf16 row with the phase's normalized x (a warp). Lane
-// `lane` owns elements 8v..8v+7 for v = lane + 32j, held in registers (xr) for the whole phase:
-// reading x from shared memory for every row cost more shared-memory wavefronts than the weights.
-__device__ __forceinline__ float row_dot(const __nv_bfloat16* row, const float (&xr)[32], int lane) {
-  const uint4* r = reinterpret_cast<const uint4*>(row);
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint4 w = r[lane + 32 * j];
-    const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 f = __bfloat1622float2(e[q]);
-      s[j] = fmaf(f.x, xr[8 * j + 2 * q], fmaf(f.y, xr[8 * j + 2 * q + 1], s[j]));
-    }
-  }
-  return warp_sum((s[0] + s[1]) + (s[2] + s[3]));
-}
-// N staged rows at once (one from each of N stages), N independent chains: one stage's latency
-// for N stages' work.
-template <int N>
-__device__ __forceinline__ void rows_dot(const __nv_bfloat16* const (&rows)[N], const float (&xr)[32], int lane,
-                                         float (&out)[N]) {
-  float s[N][2];
-#pragma unroll
-  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const uint4 w = reinterpret_cast<const uint4*>(rows[n])[lane + 32 * j];
-      const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(e[q]);
-        s[n][j & 1] = fmaf(f.x, xr[8 * j + 2 * q], fmaf(f.y, xr[8 * j + 2 * q + 1], s[n][j & 1]));
-      }
-    }
-#pragma unroll
-  for (int n = 0; n < N; ++n) out[n] = s[n][0] + s[n][1];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-    for (int n = 0; n < N; ++n) out[n] += __shfl_xor_sync(0xffffffffu, out[n], o);
-}
-__device__ __forceinline__ void load_x(float (&xr)[32], const float* xn, int lane) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float4 a = reinterpret_cast<const float4*>(xn)[2 * (lane + 32 * j)];
-    const float4 b = reinterpret_cast<const float4*>(xn)[2 * (lane + 32 * j) + 1];
-    xr[8 * j] = a.x, xr[8 * j + 1] = a.y, xr[8 * j + 2] = a.z, xr[8 * j + 3] = a.w;
-    xr[8 * j + 4] = b.x, xr[8 * j + 5] = b.y, xr[8 * j + 6] = b.z, xr[8 * j + 7] = b.w;
-  }
-}
-// Eight consecutive bf16 weights (one uint4) times eight fp32 values.
-__device__ __forceinline__ float dot8(const uint4& w, const float* x) {
-  const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&w);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(e[i]);
-    s = fmaf(f.x, x[2 * i], fmaf(f.y, x[2 * i + 1], s));
-  }
-  return s;
-}
 
 // ---------------- reference: a plain kernel an op, logical weights ----------------
 __global__ void ref_norm(const float* x, const float* gamma, float* xn) {
@@ -253,10 +112,16 @@ __global__ void ref_silu_mul(const float* gt, const float* up, float* h) {
 // Repack the logical weights into the layers' stages (kStagesPerLayer a layer, 8192 bf16 each):
 // stage k < kGuRegion is phase-A block k / 6's (0, 1: q of its kv head's two query heads, 8 head
 // dims each; 2: k; 3: v; 4, 5: the o-projection's 64-row halves); then task t's gate|up (gate
-// columns 4t..4t+3, then up); then pair u's down (all 1024 rows, intermediate columns 8u..8u+7).
-__global__ void pack(Weights wt, __nv_bfloat16* packed) {
-  const size_t total = (size_t)kLayers * kStagesPerLayer * kStageElems;
+// columns 4t..4t+3, then up); then pair u's down (all 1024 rows, intermediate columns 8u..8u+7);
+// after the first `layers` layers' stages, their norm weights [layer][2][1024].
+__global__ void pack(Weights wt, int layers, __nv_bfloat16* packed) {
+  const size_t stage_elems = (size_t)layers * kStagesPerLayer * kStageElems, total = stage_elems + (size_t)layers * 2 * kHidden;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    if (i >= stage_elems) {  // the norm weights, [layer][2][1024]
+      const size_t j = i - stage_elems, l = j / (2 * kHidden), which = (j / kHidden) % 2;
+      packed[i] = __float2bfloat16((which ? wt.g2 : wt.g1)[l * kHidden + j % kHidden]);
+      continue;
+    }
     const int e = static_cast<int>(i % kStageElems);
     const int k = static_cast<int>((i / kStageElems) % kStagesPerLayer);
     const int l = static_cast<int>(i / ((size_t)kStageElems * kStagesPerLayer));
@@ -293,6 +158,15 @@ __global__ void fill_f32(float* w, size_t count, unsigned seed, float center, fl
     h ^= h >> 16;
     w[i] = center + ((h & 0xffffu) / 32767.5f - 1.f) * scale;
   }
+}
+
+__global__ void round_bf16_values(float* w, size_t count) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+    w[i] = __bfloat162float(__float2bfloat16(w[i]));
+}
+__global__ void to_bf16(const float* w, size_t count, __nv_bfloat16* out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+    out[i] = __float2bfloat16(w[i]);
 }
 
 // The globaltimer trace of one launch ([block][phase][mark]), summarized: each segment between

@@ -8,6 +8,7 @@ add_executable(kiln_compiler_tests
   view_layout_test.cpp
   compiler_conv_test.cpp
   compiler_patchify_test.cpp
+  compiler_decode_layers_test.cpp
   nvrtc_compiler_test.cpp)
 target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main)
 gtest_discover_tests(kiln_compiler_tests)

@@ -1,0 +1,74 @@
+// A language model's decode layers as ONE persistent kernel (sm_90+): every layer of a Llama-style
+// stack, batch 1, one new token, with two grid-wide dependencies a layer instead of a kernel an
+// op. Thread-block clusters of 8 do what is not all-to-all inside the cluster (q|k|v, rotary,
+// cache write, attention over the cache, through DSMEM pushes); the o-projection and the MLP
+// become split-k sums added into the next residual row. A producer warp a block streams the
+// block's weights (a load-time repacked copy, see decode_layers_pack_*) and cached rows into a
+// shared-memory ring, running ahead across the waits. The design, its measurements and the plan
+// for the engine step: docs/design_llm.md, "Two grid-wide dependencies a layer" and after.
+//
+// Kernel parameters, in order:
+//   const T* packed   the repacked weights: decode_layers_packed_elems(shape) elements
+//   const T* x        the token's embedding row [hidden]
+//   T* out            the last layer's output row [hidden]
+//   const long long* pos   the token's position P (P cached rows before it); P outside
+//                          [0, max_len) writes no cache row and makes `out` NaN
+//   const float* cos, const float* sin   the rotary tables, [max_len][head_dim / 2]
+//   unsigned* sync    decode_layers_sync_bytes(shape) bytes, zeroed once (a context's state):
+//                     arrival counters, the launch epoch, the residual rows; nothing else writes it
+//   T* k_cache_0 .. T* k_cache_{L-1}, T* v_cache_0 .. T* v_cache_{L-1}
+//                     each layer's cache, [kv_heads][max_len][head_dim]
+//   unsigned long long* trace   only when DecodeLayersKernelOptions::trace
+// Launch: gridDim.x a multiple of 8 (clusters of 8, compiled in), at least 8 * kv_heads blocks,
+// all co-resident (the blocks wait on each other); 288 threads; decode_layers_shared_bytes(opts)
+// of dynamic shared memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine_format/engine_desc.h"
+
+namespace kiln::ops {
+
+struct DecodeLayersShape {
+  int64_t hidden = 0, intermediate = 0, layers = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t max_len = 0;  // the cache's rows a kv head
+  double eps = 1e-5;    // the RMSNorms'
+  engine::DType dtype = engine::DType::kBFloat16;
+};
+
+// Why the persistent kernel cannot run `shape`, or "" when it can. This version takes the
+// shapes its register and stage layout were built for: hidden 1024, head_dim 64, two query heads
+// a kv head, bf16 or fp16.
+std::string decode_layers_unsupported(const DecodeLayersShape& shape);
+
+struct DecodeLayersKernelOptions {
+  int stages = 13;      // the shared-memory ring's 16 KB stages (13 is the most that fits)
+  int a_tasks = 8;      // MLP tasks (4 intermediate columns each) of a block that also has phase-A work; even
+  int max_inflight = 1;  // the producer's bulk copies in flight at most (0: the ring's depth)
+  bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
+  // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
+  int compute = 1;
+};
+
+// Why a launch of `blocks` blocks cannot run the kernel (the MLP tasks do not split among them,
+// not whole clusters, fewer than a cluster a kv head), or "" when it can. The blocks must also
+// all be co-resident: the caller checks that against the GPU.
+std::string decode_layers_grid_unfit(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& options,
+                                     int64_t blocks);
+
+// The kernel `name`'s CUDA source (no headers needed; NVRTC or nvcc, sm_90+).
+std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& options,
+                                        const std::string& name);
+
+// Elements of the packed weights: per layer, 16 KB stages (phase-A blocks' q, q, k, v, o, o; a
+// gate|up stage a task of 4 columns; a down stage a pair of tasks), then every layer's two norm
+// weights.
+int64_t decode_layers_stages_per_layer(const DecodeLayersShape& shape);
+int64_t decode_layers_packed_elems(const DecodeLayersShape& shape);
+int64_t decode_layers_sync_bytes(const DecodeLayersShape& shape);
+int64_t decode_layers_shared_bytes(const DecodeLayersKernelOptions& options);
+
+}  // namespace kiln::ops
