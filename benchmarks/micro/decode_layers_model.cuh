@@ -19,7 +19,8 @@ struct Model {
   __nv_bfloat16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
   float *g1, *g2;
   __nv_bfloat16 *kc, *vc, *rkc, *rvc;  // the kernel's cache and the reference's copy
-  float *cos_tab, *sin_tab, *x0;       // the rotary's [kMaxLen][32], the token's embedding row
+  float *cos_tab, *sin_tab, *x0;       // the rotary's [kMaxLen][32] (bf16 values), the token's embedding row
+  __nv_bfloat16 *cos_b, *sin_b;        // the same tables as the kernel takes them, [kMaxLen][64] (rotate-half form)
   __nv_bfloat16* x0b;                  // the same row as the kernel takes it (x0 holds bf16 values)
   float *rx, *rx1, *xn, *q, *k, *v, *o, *gt, *up, *hh;  // the reference's activations
 
@@ -54,14 +55,25 @@ struct Model {
     CK(cudaMemcpy(rkc, kc, kCacheElems * 2, cudaMemcpyDeviceToDevice));
     CK(cudaMemcpy(rvc, vc, kCacheElems * 2, cudaMemcpyDeviceToDevice));
     std::vector<float> cs(kMaxLen * 32), sn(kMaxLen * 32);
+    std::vector<__nv_bfloat16> csb(kMaxLen * 64), snb(kMaxLen * 64);
     for (int p = 0; p < kMaxLen; ++p)
       for (int i = 0; i < 32; ++i) {
         const double ang = p * std::pow(10000.0, -2.0 * i / kHeadDim);
-        cs[32 * p + i] = static_cast<float>(std::cos(ang));
-        sn[32 * p + i] = static_cast<float>(std::sin(ang));
+        const __nv_bfloat16 c = __float2bfloat16(static_cast<float>(std::cos(ang)));
+        const __nv_bfloat16 n = __float2bfloat16(static_cast<float>(std::sin(ang)));
+        cs[32 * p + i] = __bfloat162float(c);
+        sn[32 * p + i] = __bfloat162float(n);
+        csb[64 * p + i] = csb[64 * p + i + 32] = c;
+        snb[64 * p + i] = snb[64 * p + i + 32] = n;
       }
     cos_tab = alloc<float>(kMaxLen * 32);
     sin_tab = alloc<float>(kMaxLen * 32);
+    cos_b = alloc<__nv_bfloat16>(kMaxLen * 64);
+    sin_b = alloc<__nv_bfloat16>(kMaxLen * 64);
+    CK(cudaMemcpy(cos_tab, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sin_tab, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(cos_b, csb.data(), csb.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sin_b, snb.data(), snb.size() * 2, cudaMemcpyHostToDevice));
     x0 = alloc<float>(kHidden);
     CK(cudaMemcpy(cos_tab, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(sin_tab, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));

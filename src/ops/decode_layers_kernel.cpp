@@ -204,7 +204,7 @@ static_assert(sizeof(Smem) <= @STATE_BYTES@, "the block's state outgrew decode_l
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@NAME@::kThreads, 1)
 @NAME@(const unsigned short* __restrict__ packed, const unsigned short* __restrict__ x_in, unsigned short* out,
-       const long long* pos_in, const float* __restrict__ cos_tab, const float* __restrict__ sin_tab, unsigned* sync,
+       const long long* pos_in, const unsigned short* __restrict__ cos_tab, const unsigned short* __restrict__ sin_tab, unsigned* sync,
        @CACHE_PARAMS@) {
   using namespace kiln_dl_@NAME@;
   T* const kcs[kLayers] = {@K_CACHES@};
@@ -406,7 +406,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         float v = S.loc[tid];
         if (t < 3) {
           const float partner = S.loc[t * 8 + (w ^ 4)];
-          const float cs = cos_tab[(size_t)P * (kHeadDim / 2) + d % 32], sn = sin_tab[(size_t)P * (kHeadDim / 2) + d % 32];
+          const float cs = ld1(cos_tab[(size_t)P * kHeadDim + d]), sn = ld1(sin_tab[(size_t)P * kHeadDim + d]);
           v = w < 4 ? v * cs - partner * sn : v * cs + partner * sn;
         }
         if (t > 1) v = rounded(v);

@@ -13,7 +13,8 @@
 //   T* out            the last layer's output row [hidden]
 //   const long long* pos   the token's position P (P cached rows before it); P outside
 //                          [0, max_len) writes no cache row and makes `out` NaN
-//   const float* cos, const float* sin   the rotary tables, [max_len][head_dim / 2]
+//   const T* cos, const T* sin   the rotary tables, [max_len][head_dim] (rotate-half form: entry d
+//                                and d + head_dim / 2 alike, as Hugging Face's rotary gives them)
 //   unsigned* sync    decode_layers_sync_bytes(shape) bytes, zeroed once (a context's state):
 //                     arrival counters, the launch epoch, the residual rows; nothing else writes it
 //   T* k_cache_0 .. T* k_cache_{L-1}, T* v_cache_0 .. T* v_cache_{L-1}
