@@ -141,7 +141,11 @@ struct Model {
         }
       }
     const double kr = std::sqrt(kd / std::max(kn, 1e-30));
-    const double lim = layers == 1 ? 1e-4 : 2e-3;
+    // One layer: fp32 sums in two orders. 24 layers: both sides round k and v to bf16 (the cache's
+    // dtype), and a near-tie rounding apart moves a cached value by one bf16 step (2^-8); that
+    // carries through the later layers, most where the attention is one row (position 0: 1.6e-3
+    // on an H100), so the limit is bf16's.
+    const double lim = layers == 1 ? 1e-4 : 1e-2;
     const bool pass = r < lim && kr < 1e-2;
     std::printf("check after %d layer(s) at position %d, %s: residual norm-relative %.2e (limit %.0e), cache rows %.2e, |ref| %.3g %s\n",
                 layers, P, what, r, lim, kr, std::sqrt(n), pass ? "ok" : "<-- WRONG");
