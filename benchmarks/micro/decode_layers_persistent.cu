@@ -45,7 +45,7 @@
 // Shapes, device helpers, repacking and the trace summary: decode_layers_support.cuh; weights,
 // reference, check and timing: decode_layers_model.cuh.
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Isrc -o /tmp/dlp benchmarks/micro/decode_layers_persistent.cu \
-//     src/ops/decode_layers_kernel.cpp -lnvrtc && /tmp/dlp [tasks [cap]]
+//     src/ops/decode_layers_kernel.cpp -lnvrtc && /tmp/dlp [tasks [cap [release cap]]]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nvrtc.h>
@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   DecodeLayersKernelOptions base;
   base.a_tasks = argc > 1 ? std::atoi(argv[1]) : 8;  // 8 of 5-10 fastest on an H100 at 512 (sixth session)
   base.max_inflight = argc > 2 ? std::atoi(argv[2]) : 1;
+  base.release_inflight = argc > 3 ? std::atoi(argv[3]) : -1;
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -269,8 +270,15 @@ int main(int argc, char** argv) {
     print_trace(tr, nblocks, compute);
     CK(cudaLibraryUnload(traced.library));
   }
-  std::vector<Compiled> caps;  // the copies-in-flight caps, and the weight stream alone
-  for (int c : {1, 2, 3}) caps.push_back(c == base.max_inflight ? main_kernel : compile(kLayers, with(c, false, 1), sm));
+  // Copies in flight (max_inflight, release_inflight): a cap throughout, or a deeper one with a
+  // shallow one while the block's previous phase has not arrived; and the weight stream alone.
+  std::vector<Compiled> caps;
+  const int2 cap_variants[] = {{1, -1}, {2, -1}, {3, -1}, {2, 1}, {3, 1}, {4, 1}, {13, 1}, {3, 0}};
+  for (const int2 v : cap_variants) {
+    DecodeLayersKernelOptions o = with(v.x, false, 1);
+    o.release_inflight = v.y;
+    caps.push_back(v.x == base.max_inflight && v.y == base.release_inflight ? main_kernel : compile(kLayers, o, sm));
+  }
   const Compiled stream_only = compile(kLayers, with(base.max_inflight, false, 2), sm);
   auto report = [&](int round, const char* label, int P, float ms) {
     std::printf("round %d: %s, position %d: median %.4f ms, %.0f GB/s, %.1f%% of peak\n", round, label, P, ms,
@@ -280,7 +288,11 @@ int main(int argc, char** argv) {
     set_pos(kPos);
     for (const Compiled& k : caps) {  // direct launches at each cap
       reset();
-      std::snprintf(what, sizeof what, "persistent, %d copies in flight", k.options.max_inflight);
+      if (k.options.release_inflight < 0)
+        std::snprintf(what, sizeof what, "persistent, %d copies in flight", k.options.max_inflight);
+      else
+        std::snprintf(what, sizeof what, "persistent, %d copies in flight, %d before the previous phase's arrival",
+                      k.options.max_inflight, k.options.release_inflight);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
     report(round, "the weight stream ALONE", kPos, median_ms(stream, [&] { launch(stream_only); }, 10, 100));

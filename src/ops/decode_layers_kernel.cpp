@@ -39,7 +39,8 @@ constexpr int kTasks = kInter / 4, kMaxTasks = 16, kATasks = @A_TASKS@;
 constexpr int kAStages = 6;  // a phase-A block's packed stages: q (2 heads), k, v, o (2 halves)
 constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
-constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kCompute = @COMPUTE@, kMarks = 8;
+constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
+constexpr int kCompute = @COMPUTE@, kMarks = 8;
 typedef unsigned short T;  // @DTYPE@ storage
 
 __device__ __forceinline__ float2 pair(unsigned w) {  // two packed elements, low first
@@ -198,6 +199,7 @@ struct Smem {
   float loc[32], sc[2][64], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
   unsigned flag;
+  unsigned ends;  // the block's phase arrivals so far (written by consumer thread 0, polled by the producer)
 };
 static_assert(sizeof(Smem) <= @STATE_BYTES@, "the block's state outgrew decode_layers_shared_bytes()");
 }  // namespace kiln_dl_@NAME@
@@ -239,6 +241,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     mbar_init(&S.pushed, 1);
     mbar_init(&S.got_qkv, 1);
     mbar_init(&S.got_state, 1);
+    S.ends = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_sync_all();  // every block's barriers exist before any remote arrival
@@ -255,9 +258,23 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       for (int k = 0; k < per_layer; ++k, ++i) {
         const int s = i % kStages;
         // At most kMaxInflight copies in flight: a release (the phase's arrival) waits for the
-        // SM's copies still in flight, and a deep queue makes each late.
-        if (kMaxInflight && i >= (unsigned)kMaxInflight) {
-          const unsigned j = i - kMaxInflight;
+        // SM's copies still in flight, and a deep queue makes each late. With kReleaseInflight >= 0,
+        // a stage of a phase whose predecessor's arrival has not been made yet goes with at most
+        // that many in flight (0: only after the arrival), so the arrival finds few copies to wait
+        // for while the rest of the phase streams deeper.
+        int cap = kMaxInflight;
+        if (kReleaseInflight >= 0) {
+          const unsigned ends_before = has_a ? 2 * l + (k >= a_stages ? 1 : 0) : l;
+          if (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
+            if (kReleaseInflight == 0)
+              while (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
+              }
+            else
+              cap = kReleaseInflight;
+          }
+        }
+        if (cap && i >= (unsigned)cap) {
+          const unsigned j = i - cap;
           mbar_wait(&S.full[j % kStages], (j / kStages) & 1);
         }
         mbar_wait(&S.empty[s], ((i / kStages) & 1) ^ 1);
@@ -356,6 +373,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       } else {
         red_release(sync + (p % 2), 1u);
       }
+      *reinterpret_cast<volatile unsigned*>(&S.ends) = S.ends + 1;
       mark(p, kMarks - 1);
     }
     if (p == kPhases - 1) {
@@ -672,6 +690,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@STAGES@", std::to_string(o.stages));
   replace_all(src, "@STATE_BYTES@", std::to_string(kStateBytes));
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
+  replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
   replace_all(src, "@DTYPE@", bf16 ? "bf16" : "fp16");
   replace_all(src, "@PAIR@",

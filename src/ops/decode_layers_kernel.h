@@ -49,6 +49,9 @@ struct DecodeLayersKernelOptions {
   int stages = 13;      // the shared-memory ring's 16 KB stages (13 is the most that fits)
   int a_tasks = 8;      // MLP tasks (4 intermediate columns each) of a block that also has phase-A work; even
   int max_inflight = 1;  // the producer's bulk copies in flight at most (0: the ring's depth)
+  // >= 0: the copies in flight at most while the block's previous phase has not arrived yet (0:
+  // none issued until it has), max_inflight otherwise; -1: max_inflight throughout.
+  int release_inflight = -1;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
