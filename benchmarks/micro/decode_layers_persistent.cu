@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   auto set_pos = [&](long long P) { CK(cudaMemcpyAsync(d_pos, &P, 8, cudaMemcpyHostToDevice, stream)); };
   unsigned long long* trace = alloc<unsigned long long>((size_t)nblocks * 2 * kLayers * kMarks);
   auto launch = [&](const Compiled& k) {
-    std::vector<void*> values = {k.layers == 1 ? packed1 : packed, m.x0b, out, d_pos, m.cos_b, m.sin_b, sync};
+    std::vector<void*> values = {out, m.x0b, k.layers == 1 ? packed1 : packed, d_pos, m.cos_b, m.sin_b, sync};
     for (int which = 0; which < 2; ++which)
       for (int l = 0; l < k.layers; ++l) values.push_back((which ? m.vc : m.kc) + (size_t)l * kKvHeads * kMaxLen * kHeadDim);
     if (k.options.trace) values.push_back(trace);

@@ -205,7 +205,7 @@ static_assert(sizeof(Smem) <= @STATE_BYTES@, "the block's state outgrew decode_l
 }  // namespace kiln_dl_@NAME@
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@NAME@::kThreads, 1)
-@NAME@(const unsigned short* __restrict__ packed, const unsigned short* __restrict__ x_in, unsigned short* out,
+@NAME@(unsigned short* out, const unsigned short* __restrict__ x_in, const unsigned short* __restrict__ packed,
        const long long* pos_in, const unsigned short* __restrict__ cos_tab, const unsigned short* __restrict__ sin_tab, unsigned* sync,
        @CACHE_PARAMS@) {
   using namespace kiln_dl_@NAME@;

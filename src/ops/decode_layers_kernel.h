@@ -8,9 +8,9 @@
 // for the engine step: docs/design_llm.md, "Two grid-wide dependencies a layer" and after.
 //
 // Kernel parameters, in order:
-//   const T* packed   the repacked weights: decode_layers_packed_elems(shape) elements
+//   T* out            the last layer's output row [hidden] (first: the engine's convention)
 //   const T* x        the token's embedding row [hidden]
-//   T* out            the last layer's output row [hidden]
+//   const T* packed   the repacked weights: decode_layers_packed_elems(shape) elements
 //   const long long* pos   the token's position P (P cached rows before it); P outside
 //                          [0, max_len) writes no cache row and makes `out` NaN
 //   const T* cos, const T* sin   the rotary tables, [max_len][head_dim] (rotate-half form: entry d
