@@ -4,11 +4,13 @@
 // CUDA types and no ExecuTorch types.
 //
 // An engine is a launch plan: a list of steps (cuBLASLt GEMMs, cuDNN
-// convolutions and generated kernels) over tensors that live in one of four places: an engine input, an
+// convolutions and generated kernels) over tensors that live in one of these places: an engine input, an
 // engine output, the activation arena (one buffer, offsets planned by tensor
-// lifetime), the weights blob (uploaded once at load) or a named weight: bytes
+// lifetime), the weights blob (uploaded once at load), a named weight: bytes
 // kept outside the engine (ExecuTorch named data, in the .pte or a .ptd) under
-// a key, uploaded once per process and GPU and shared by every engine naming it.
+// a key, uploaded once per process and GPU and shared by every engine naming it,
+// a state (mutable, outlives an execution) or a derived weight (made at load from
+// the others).
 #pragma once
 
 #include <cstddef>
@@ -40,12 +42,14 @@ enum class StorageKind : uint8_t {
   kWeight = 3,  // weights blob at `offset`
   kNamedWeight = 4,  // named weight number `io_index` (EngineDesc::named_weights), at `offset`
   kState = 5,        // mutable state number `io_index` (EngineDesc::states), at `offset`
+  kDerivedWeight = 6,  // derived weight number `io_index` (EngineDesc::derived_weights), at `offset`
 };
-constexpr uint8_t kStorageKindCount = 6;
+constexpr uint8_t kStorageKindCount = 7;
 
-// Weights live in the blob or in named data; both are read-only to steps.
+// Weights live in the blob, in named data or are made from those at load; all are read-only to
+// steps.
 inline bool is_weight(StorageKind kind) {
-  return kind == StorageKind::kWeight || kind == StorageKind::kNamedWeight;
+  return kind == StorageKind::kWeight || kind == StorageKind::kNamedWeight || kind == StorageKind::kDerivedWeight;
 }
 
 constexpr uint32_t kMaxRank = 8;
@@ -56,8 +60,8 @@ struct TensorDesc {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;  // static, contiguous row-major
   StorageKind storage = StorageKind::kArena;
-  uint32_t io_index = 0;  // for kInput / kOutput; the named weight for kNamedWeight
-  uint64_t offset = 0;    // byte offset for kArena / kWeight / kNamedWeight
+  uint32_t io_index = 0;  // for kInput / kOutput; the named weight, state or derived weight
+  uint64_t offset = 0;    // byte offset for kArena / kWeight / kNamedWeight / kState / kDerivedWeight
   uint64_t nbytes = 0;    // product(shape) * dtype_size(dtype)
 };
 
@@ -159,6 +163,13 @@ struct KernelStep {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t shared_bytes = 0;
+  // 0: the grid is `grid`, as written. > 0: a persistent kernel, whose blocks wait on each other
+  // through global memory, so all of them must be resident at once: `grid[0]` is the most blocks
+  // it may use (grid[1] == grid[2] == 1) and the runtime launches, at load, the largest count
+  // <= grid[0] that is co-resident on the GPU and a multiple of the kernel's compiled cluster
+  // size; a GPU where fewer than `min_blocks` fit refuses the engine (kIncompatible). Such a step
+  // is never launched early (programmatic stream serialization) even when its module may be.
+  uint32_t min_blocks = 0;
   std::vector<KernelArg> args;  // passed in order, each by value
 };
 
@@ -200,6 +211,26 @@ struct StateDesc {
   std::vector<uint8_t> init;  // empty: zeros
 };
 
+// A weight made at load from the engine's other weights: a layout one kernel reads faster than
+// the model's (the persistent decode kernel's per-block stages, ops/decode_layers_kernel.h), kept
+// beside the original so that other steps and methods still read that. `nbytes` of device
+// memory, zeroed, then each copy's `rows` rows of `row_bytes` bytes, row r from weight tensor
+// `source` at `offset + r * stride` bytes to `dst + r * row_bytes`. Offsets, strides and row
+// sizes are multiples of 16 bytes; with more than one row, stride >= row_bytes (source rows do
+// not overlap: one cudaMemcpy2D per copy). Offsets are relative to the source tensor, so a
+// source that externalize_weights names keeps its copies. The runtime makes it once per engine
+// load (private to that Engine) and reports its size.
+struct DerivedCopy {
+  uint32_t source = kNoTensor;  // a kWeight or kNamedWeight tensor (never derived, never a state)
+  uint64_t offset = 0, stride = 0, dst = 0;
+  uint32_t rows = 0, row_bytes = 0;
+};
+struct DerivedWeight {
+  std::string name;  // for messages and inspect
+  uint64_t nbytes = 0;
+  std::vector<DerivedCopy> copies;
+};
+
 struct EngineDesc {
   std::vector<TensorDesc> tensors;
   std::vector<uint32_t> inputs;   // tensor indices, in delegate argument order
@@ -210,6 +241,7 @@ struct EngineDesc {
   std::vector<uint8_t> weights;  // constants kept inline; offsets 256-byte aligned
   std::vector<NamedWeight> named_weights;  // constants kept outside (kNamedWeight tensors)
   std::vector<StateDesc> states;           // mutable buffers (kState tensors)
+  std::vector<DerivedWeight> derived_weights;  // made at load (kDerivedWeight tensors)
   // Free-form facts for inspect and for options baked in at export, e.g.
   // {"precision", "float16"}, {"target_sms", "87,90"}, {"use_cuda_graphs", "true"}.
   std::vector<std::pair<std::string, std::string>> metadata;

@@ -29,7 +29,12 @@ constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
 // its byte size (step kinds register their own codecs, step_format.h).
 // Version 4: named weights (a `named_weights` section, storage kind
 // kNamedWeight), so weights can live outside the engine and be shared.
-constexpr uint32_t kEngineFormatVersion = 5;
+// Version 5: mutable state (a `states` section, storage kind kState), kept
+// on the device across executions. Version 6: derived weights (a
+// `derived_weights` section, storage kind kDerivedWeight: layouts the runtime
+// makes at load from the other weights) and KernelStep::min_blocks (persistent
+// kernels whose grid is the co-resident block count).
+constexpr uint32_t kEngineFormatVersion = 6;
 
 // Serializes `desc`. Fails (kInvalidArgument) when `desc` is inconsistent,
 // e.g. an index out of range, so a bad engine is never written.
@@ -53,7 +58,9 @@ uint64_t hash_bytes(const void* data, size_t size);
 // `key_prefix + <16 hex digits of hash_bytes>`, its tensors kNamedWeight, and
 // `desc.weights` is emptied. Returns the bytes of each named weight, in
 // `desc.named_weights` order. `key_prefix` must be non-empty. Weights that
-// were already named stay as they are.
+// were already named stay as they are, and derived weights stay derived: their
+// copies name source tensors by index (unchanged) at tensor-relative offsets,
+// so they read the same bytes from the named weights.
 Result<std::vector<std::vector<uint8_t>>> externalize_weights(EngineDesc* desc,
                                                               const std::string& key_prefix);
 

@@ -38,8 +38,9 @@ enum class SectionKind : uint32_t {
   kWeights = 6,
   kNamedWeights = 7,  // format version 4
   kStates = 8,        // format version 5
+  kDerivedWeights = 9,  // format version 6
 };
-constexpr uint32_t kSectionCount = 8;  // every kind exactly once
+constexpr uint32_t kSectionCount = 9;  // every kind exactly once
 
 inline const char* section_name(uint32_t kind) {
   switch (kind) {
@@ -51,6 +52,7 @@ inline const char* section_name(uint32_t kind) {
     case 6: return "weights";
     case 7: return "named_weights";
     case 8: return "states";
+    case 9: return "derived_weights";
   }
   return "unknown";
 }

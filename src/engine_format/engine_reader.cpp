@@ -28,6 +28,8 @@ constexpr size_t kMinModuleBytes = 4 + 4 + 4 + 4 + 4;
 constexpr size_t kMinCubinBytes = 4 + 4;
 constexpr size_t kMinStepBytes = 1 + 4 + 4;  // kind, label length, payload size
 constexpr size_t kMinNamedWeightBytes = 4 + 8 + 8;
+constexpr size_t kMinDerivedWeightBytes = 4 + 8 + 4;  // name length, nbytes, copy count
+constexpr size_t kDerivedCopyBytes = 4 + 8 + 8 + 8 + 4 + 4;
 
 Status parse_meta(ByteReader& r, EngineDesc* desc) {
   KILN_READ_OR_RETURN(r.read_u64(&desc->arena_bytes), "arena_bytes");
@@ -156,6 +158,30 @@ Status parse_states(ByteReader& r, EngineDesc* desc) {
     KILN_READ_OR_RETURN(r.read_string(&s.key), "state %u key", i);
     KILN_READ_OR_RETURN(r.read_u64(&s.nbytes), "state %u nbytes", i);
     KILN_READ_OR_RETURN(r.read_bytes(&s.init), "state %u initial value", i);
+  }
+  return Status::ok();
+}
+
+Status parse_derived_weights(ByteReader& r, EngineDesc* desc) {
+  uint32_t count = 0;
+  KILN_READ_OR_RETURN(r.read_count(&count, kMinDerivedWeightBytes), "derived weight count");
+  desc->derived_weights.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    DerivedWeight& d = desc->derived_weights[i];
+    KILN_READ_OR_RETURN(r.read_string(&d.name), "derived weight %u name", i);
+    KILN_READ_OR_RETURN(r.read_u64(&d.nbytes), "derived weight %u nbytes", i);
+    uint32_t copies = 0;
+    KILN_READ_OR_RETURN(r.read_count(&copies, kDerivedCopyBytes), "derived weight %u copy count", i);
+    d.copies.resize(copies);
+    for (uint32_t c = 0; c < copies; ++c) {
+      DerivedCopy& copy = d.copies[c];
+      KILN_READ_OR_RETURN(r.read_u32(&copy.source), "derived weight %u copy %u source", i, c);
+      KILN_READ_OR_RETURN(r.read_u64(&copy.offset), "derived weight %u copy %u offset", i, c);
+      KILN_READ_OR_RETURN(r.read_u64(&copy.stride), "derived weight %u copy %u stride", i, c);
+      KILN_READ_OR_RETURN(r.read_u64(&copy.dst), "derived weight %u copy %u dst", i, c);
+      KILN_READ_OR_RETURN(r.read_u32(&copy.rows), "derived weight %u copy %u rows", i, c);
+      KILN_READ_OR_RETURN(r.read_u32(&copy.row_bytes), "derived weight %u copy %u row_bytes", i, c);
+    }
   }
   return Status::ok();
 }
@@ -319,6 +345,8 @@ Result<EngineDesc> parse_engine(const void* data, size_t size) {
   if (status.is_ok())
     status = parse_section(p, ref(SectionKind::kNamedWeights), parse_named_weights, &desc);
   if (status.is_ok()) status = parse_section(p, ref(SectionKind::kStates), parse_states, &desc);
+  if (status.is_ok())
+    status = parse_section(p, ref(SectionKind::kDerivedWeights), parse_derived_weights, &desc);
   KILN_RETURN_IF_ERROR(status.with_context("parse_engine"));
 
   const SectionRef& weights = ref(SectionKind::kWeights);

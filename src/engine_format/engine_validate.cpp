@@ -7,6 +7,7 @@
 //
 // All size arithmetic is overflow-checked: shapes and offsets may come from a
 // hostile file.
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <limits>
@@ -25,6 +26,11 @@ namespace {
 
 constexpr uint64_t kWeightAlignment = 256;
 constexpr size_t kMaxNamedWeightKey = 256;
+// Derived weights are made at load (cudaMalloc + one copy call per copy), so a corrupt engine
+// must not be able to ask for absurd work: the largest model layouts are ~1 GB from ~10^5 copies.
+constexpr uint64_t kMaxDerivedWeightBytes = uint64_t{64} << 30;  // per engine, all derived weights
+constexpr uint64_t kMaxDerivedCopies = uint64_t{16} << 20;       // per engine, all derived weights
+constexpr uint64_t kDerivedAlignment = 16;
 
 class Validator {
  public:
@@ -36,7 +42,9 @@ class Validator {
     KILN_RETURN_IF_ERROR(check_named_weights());
     KILN_RETURN_IF_ERROR(check_states());
     numel_.resize(desc_.tensors.size());
+    KILN_RETURN_IF_ERROR(check_derived_weight_sizes());
     for (uint32_t i = 0; i < desc_.tensors.size(); ++i) KILN_RETURN_IF_ERROR(check_tensor(i));
+    for (uint32_t i = 0; i < desc_.derived_weights.size(); ++i) KILN_RETURN_IF_ERROR(check_derived_copies(i));
     KILN_RETURN_IF_ERROR(check_io(desc_.inputs, StorageKind::kInput, "input"));
     KILN_RETURN_IF_ERROR(check_io(desc_.outputs, StorageKind::kOutput, "output"));
     for (uint32_t i = 0; i < desc_.modules.size(); ++i) KILN_RETURN_IF_ERROR(check_module(i));
@@ -62,8 +70,9 @@ class Validator {
     constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
     if (desc_.tensors.size() >= kMax || desc_.inputs.size() > kMax ||
         desc_.outputs.size() > kMax || desc_.modules.size() > kMax || desc_.named_weights.size() > kMax ||
-        desc_.steps.size() > kMax || desc_.metadata.size() > kMax)
-      return invalid("engine has too many tensors, io entries, modules, steps or metadata");
+        desc_.steps.size() > kMax || desc_.metadata.size() > kMax || desc_.states.size() > kMax ||
+        desc_.derived_weights.size() > kMax)
+      return invalid("engine has too many tensors, io entries, modules, steps, metadata, states or derived weights");
     return Status::ok();
   }
 
@@ -112,6 +121,92 @@ class Validator {
         return invalid("state %zu '%s': initial value of %zu bytes for a %llu-byte state", i, s.key.c_str(),
                        s.init.size(), static_cast<unsigned long long>(s.nbytes));
       if (!keys.insert(s.key).second) return invalid("state key '%s' appears more than once", s.key.c_str());
+    }
+    return Status::ok();
+  }
+
+  // "derived weight 2 'layers.packed'" for messages.
+  std::string derived_label(size_t i) const {
+    return "derived weight " + std::to_string(i) + " '" + desc_.derived_weights[i].name + "'";
+  }
+
+  // Names, sizes and copy counts, before any tensor refers to them; the caps bound the work a
+  // load does for a (possibly hostile) file.
+  Status check_derived_weight_sizes() const {
+    uint64_t total_bytes = 0, total_copies = 0;
+    for (size_t i = 0; i < desc_.derived_weights.size(); ++i) {
+      const DerivedWeight& d = desc_.derived_weights[i];
+      if (d.name.empty() || d.name.size() > kMaxNamedWeightKey)
+        return invalid("derived weight %zu: name length %zu is not in [1, %zu]", i, d.name.size(),
+                       kMaxNamedWeightKey);
+      for (char c : d.name)
+        if (c < 0x20 || c > 0x7e)
+          return invalid("derived weight %zu: name has a byte 0x%02x that is not printable ASCII", i,
+                         static_cast<unsigned>(static_cast<unsigned char>(c)));
+      const std::string label = derived_label(i);
+      if (d.nbytes == 0) return invalid("%s: 0 bytes", label.c_str());
+      total_bytes += std::min(d.nbytes, kMaxDerivedWeightBytes + 1);  // cannot overflow: count < 2^32
+      total_copies += d.copies.size();
+      if (total_bytes > kMaxDerivedWeightBytes)
+        return invalid("%s: %llu bytes brings the engine's derived weights past the %llu-byte limit",
+                       label.c_str(), static_cast<unsigned long long>(d.nbytes),
+                       static_cast<unsigned long long>(kMaxDerivedWeightBytes));
+      if (total_copies > kMaxDerivedCopies)
+        return invalid("%s: %zu copies bring the engine's derived weights past the limit of %llu copies",
+                       label.c_str(), d.copies.size(), static_cast<unsigned long long>(kMaxDerivedCopies));
+    }
+    return Status::ok();
+  }
+
+  // Each copy reads inside an inline or named weight tensor and writes inside its derived
+  // weight, in 16-byte units (after check_tensor: the sources' sizes are proven). Messages are
+  // built only on failure: a model has ~10^5 copies.
+  Status check_derived_copies(size_t i) const {
+    const DerivedWeight& d = desc_.derived_weights[i];
+    for (size_t c = 0; c < d.copies.size(); ++c) {
+      const DerivedCopy& copy = d.copies[c];
+      auto where = [&] { return derived_label(i) + " copy " + std::to_string(c); };
+      if (copy.source >= desc_.tensors.size())
+        return invalid("%s: source tensor %u out of range (engine has %zu tensors)", where().c_str(), copy.source,
+                       desc_.tensors.size());
+      const TensorDesc& src = desc_.tensors[copy.source];
+      if (src.storage != StorageKind::kWeight && src.storage != StorageKind::kNamedWeight)
+        return invalid("%s: source %s has storage kind %u; expected an inline (3) or named (4) weight",
+                       where().c_str(), tensor_label(copy.source).c_str(), static_cast<unsigned>(src.storage));
+      if (copy.rows == 0) return invalid("%s: 0 rows; expected at least 1", where().c_str());
+      if (copy.row_bytes < kDerivedAlignment)
+        return invalid("%s: row_bytes %u; expected at least %llu", where().c_str(), copy.row_bytes,
+                       static_cast<unsigned long long>(kDerivedAlignment));
+      if ((copy.offset | copy.stride | copy.dst | copy.row_bytes) % kDerivedAlignment != 0) {
+        const struct {
+          const char* name;
+          uint64_t value;
+        } units[] = {{"offset", copy.offset}, {"stride", copy.stride}, {"dst", copy.dst}, {"row_bytes", copy.row_bytes}};
+        for (const auto& u : units)
+          if (u.value % kDerivedAlignment != 0)
+            return invalid("%s: %s %llu is not a multiple of %llu bytes", where().c_str(), u.name,
+                           static_cast<unsigned long long>(u.value),
+                           static_cast<unsigned long long>(kDerivedAlignment));
+      }
+      if (copy.rows > 1 && copy.stride < copy.row_bytes)
+        return invalid("%s: stride %llu is less than row_bytes %u (source rows may not overlap)", where().c_str(),
+                       static_cast<unsigned long long>(copy.stride), copy.row_bytes);
+      // Source: offset + (rows - 1) * stride + row_bytes <= the tensor's bytes.
+      uint64_t span = 0, end = 0;
+      if (!checked_mul(static_cast<uint64_t>(copy.rows - 1), copy.stride, &span) ||
+          !checked_add(copy.offset, span, &end) || !checked_add(end, uint64_t{copy.row_bytes}, &end) ||
+          end > src.nbytes)
+        return invalid("%s: reads %u rows of %u bytes, %llu apart, from offset %llu of source %s: expected "
+                       "them within its %llu bytes",
+                       where().c_str(), copy.rows, copy.row_bytes, static_cast<unsigned long long>(copy.stride),
+                       static_cast<unsigned long long>(copy.offset), tensor_label(copy.source).c_str(),
+                       static_cast<unsigned long long>(src.nbytes));
+      // Destination: dst + rows * row_bytes <= nbytes (the product of two u32 fits in 64 bits).
+      const uint64_t bytes = uint64_t{copy.rows} * copy.row_bytes;
+      if (!checked_add(copy.dst, bytes, &end) || end > d.nbytes)
+        return invalid("%s: writes [%llu, +%llu): expected it within the %llu-byte derived weight",
+                       where().c_str(), static_cast<unsigned long long>(copy.dst),
+                       static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(d.nbytes));
     }
     return Status::ok();
   }
@@ -189,6 +284,17 @@ class Validator {
           return invalid("%s: range [%llu, +%llu) lies outside the %llu-byte state '%s'", label.c_str(),
                          static_cast<unsigned long long>(t.offset), static_cast<unsigned long long>(t.nbytes),
                          static_cast<unsigned long long>(s.nbytes), s.key.c_str());
+        break;
+      }
+      case StorageKind::kDerivedWeight: {
+        if (t.io_index >= desc_.derived_weights.size())
+          return invalid("%s: derived weight %u out of range (engine has %zu)", label.c_str(), t.io_index,
+                         desc_.derived_weights.size());
+        const DerivedWeight& d = desc_.derived_weights[t.io_index];
+        if (!checked_add(t.offset, t.nbytes, &end) || end > d.nbytes)
+          return invalid("%s: range [%llu, +%llu) lies outside the %llu-byte %s", label.c_str(),
+                         static_cast<unsigned long long>(t.offset), static_cast<unsigned long long>(t.nbytes),
+                         static_cast<unsigned long long>(d.nbytes), derived_label(t.io_index).c_str());
         break;
       }
       case StorageKind::kNamedWeight: {

@@ -1,18 +1,19 @@
 // Engine serialization: EngineDesc -> bytes.
 //
-// On-disk layout, format version 5 (version 2 added batched GEMMs and conv
+// On-disk layout, format version 6 (version 2 added batched GEMMs and conv
 // steps; version 3 put each step's payload behind its byte size, so every
 // kind's codec reads exactly its own bytes; version 4 added named weights,
 // section 7 and storage kind 4; version 5 mutable state, section 8 and
-// storage kind 5; other versions are refused, see
+// storage kind 5; version 6 derived weights, section 9 and storage kind 6,
+// and the kernel step's min_blocks; other versions are refused, see
 // engine_format.h). All integers little-endian; "str" is a
 // u32 byte length followed by that many bytes (no terminator); "bytes" the
 // same for binary data.
 //
 // FileHeader, 32 bytes at offset 0:
 //   0  u8[8] magic "KILNENG\0"
-//   8  u32   format version (5)
-//   12 u32   section count (always 8)
+//   8  u32   format version (6)
+//   12 u32   section count (always 9)
 //   16 u64   total size of the engine in bytes
 //   24 u32   flags (0)
 //   28 u32   header CRC-32C over bytes [0, 28) followed by the section table
@@ -48,6 +49,12 @@
 //   8   | states  | u32 n; n x {str key; u64 nbytes; bytes init}: mutable
 //       |         |   buffers (storage kind 5, io_index = entry) the runtime
 //       |         |   keeps on the device across executions; init empty = zeros
+//   9   | derived_weights | u32 n; n x {str name; u64 nbytes; u32 c;
+//       |         |   c x {u32 source; u64 offset; u64 stride; u64 dst;
+//       |         |   u32 rows; u32 row_bytes}}: weights the runtime makes at
+//       |         |   load (storage kind 6, io_index = entry): nbytes zeroed,
+//       |         |   then each copy's rows from tensor `source` (an inline or
+//       |         |   named weight), see engine_desc.h DerivedWeight
 //
 // Fields a step or argument kind does not use are not stored (they parse back
 // as their defaults). Enum values are EngineDesc's stable numbers.
@@ -102,6 +109,23 @@ void write_states(const EngineDesc& desc, ByteWriter* w) {
     w->put_string(s.key);
     w->put_u64(s.nbytes);
     w->put_bytes(s.init);
+  }
+}
+
+void write_derived_weights(const EngineDesc& desc, ByteWriter* w) {
+  w->put_u32(static_cast<uint32_t>(desc.derived_weights.size()));
+  for (const DerivedWeight& d : desc.derived_weights) {
+    w->put_string(d.name);
+    w->put_u64(d.nbytes);
+    w->put_u32(static_cast<uint32_t>(d.copies.size()));  // validated: at most 16 M
+    for (const DerivedCopy& c : d.copies) {
+      w->put_u32(c.source);
+      w->put_u64(c.offset);
+      w->put_u64(c.stride);
+      w->put_u64(c.dst);
+      w->put_u32(c.rows);
+      w->put_u32(c.row_bytes);
+    }
   }
 }
 
@@ -168,13 +192,14 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
 
   // Every section but weights is encoded into its own buffer first; weights
   // are copied once, straight into the output.
-  ByteWriter meta, tensors, io, modules, steps, named, states;
+  ByteWriter meta, tensors, io, modules, steps, named, states, derived;
   write_meta(desc, &meta);
   write_tensors(desc, &tensors);
   write_io(desc, &io);
   write_modules(desc, &modules);
   write_named_weights(desc, &named);
   write_states(desc, &states);
+  write_derived_weights(desc, &derived);
   KILN_RETURN_IF_ERROR(write_steps(desc, &steps).with_context("serialize_engine"));
 
   struct Section {
@@ -182,7 +207,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
     const uint8_t* data;
     size_t size;
   };
-  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps, &named, &states};
+  const ByteWriter* writers[] = {&meta, &tensors, &io, &modules, &steps, &named, &states, &derived};
   Section sections[layout::kSectionCount] = {
       {SectionKind::kMeta, meta.buffer().data(), meta.size()},
       {SectionKind::kTensors, tensors.buffer().data(), tensors.size()},
@@ -192,6 +217,7 @@ Result<std::vector<uint8_t>> serialize_engine(const EngineDesc& desc) {
       {SectionKind::kWeights, desc.weights.data(), desc.weights.size()},
       {SectionKind::kNamedWeights, named.buffer().data(), named.size()},
       {SectionKind::kStates, states.buffer().data(), states.size()},
+      {SectionKind::kDerivedWeights, derived.buffer().data(), derived.size()},
   };
   for (const ByteWriter* w : writers)
     KILN_RETURN_IF_ERROR(w->status().with_context("serialize_engine"));

@@ -175,6 +175,38 @@ TEST(EngineFormat, RoundTripKeepsEveryField) {
   EXPECT_EQ(*parsed->find_metadata("target_sms"), "87,90");
 }
 
+TEST(EngineFormat, RoundTripKeepsDerivedWeightsAndPersistentSteps) {
+  SEEDED_RNG(rng);
+  EngineDesc d = make_engine(rng);
+  add_derived_weight(d);
+  // A second derived weight with many random copies, and a persistent step
+  // whose grid[0] is larger than any GPU holds.
+  DerivedWeight w;
+  w.name = "fc.weight.columns";
+  w.nbytes = 64 * 1024;
+  std::uniform_int_distribution<uint32_t> rows(1, 32);
+  for (uint32_t c = 0; c < 200; ++c) {
+    const uint32_t r = rows(rng);
+    w.copies.push_back(DerivedCopy{c % 2 == 0 ? 1u : 2u, 0, 16, c * 256ull, c % 2 == 0 ? r : 4, 16});
+  }
+  d.derived_weights.push_back(w);
+  d.steps[1].kernel.grid[0] = 100000;
+  d.steps[1].kernel.min_blocks = 132;
+  ASSERT_TRUE(validate_engine(d).is_ok()) << validate_engine(d).message();
+  std::vector<uint8_t> bytes = serialize_ok(d);
+  auto parsed = parse_exact(bytes, bytes.size());
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  expect_desc_eq(d, parsed.value());
+  EXPECT_EQ(parsed->tensors.back().storage, StorageKind::kDerivedWeight);
+  EXPECT_EQ(serialize_ok(parsed.value()), bytes);  // canonical
+  // Every truncation of it fails cleanly.
+  for (size_t len = 0; len < bytes.size(); len += 7) {
+    auto r = parse_exact(bytes, len);
+    ASSERT_FALSE(r.is_ok()) << "length " << len;
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruptData) << "length " << len;
+  }
+}
+
 TEST(EngineFormat, RoundTripEdgeCases) {
   EngineDesc empty;
   auto bytes = serialize_ok(empty);
@@ -231,9 +263,9 @@ TEST(EngineFormat, LayoutMatchesTheDocumentation) {
   ASSERT_GE(b.size(), 256u);
   EXPECT_EQ(std::memcmp(b.data(), kEngineMagic, 8), 0);
   EXPECT_EQ(load_le32(&b[L::kVersionOffset]), kEngineFormatVersion);
-  EXPECT_EQ(load_le32(&b[L::kSectionCountOffset]), 8u);
+  EXPECT_EQ(load_le32(&b[L::kSectionCountOffset]), 9u);
   EXPECT_EQ(load_le64(&b[L::kTotalSizeOffset]), b.size());
-  for (uint32_t kind = 1; kind <= 8; ++kind) {
+  for (uint32_t kind = 1; kind <= 9; ++kind) {
     SectionSpan s = find_section(b, static_cast<L::SectionKind>(kind));
     EXPECT_EQ(s.offset % 64, 0u) << L::section_name(kind);
     EXPECT_EQ(load_le32(&b[s.entry + L::kEntryCrcOffset]), crc32c(&b[s.offset], s.size));
@@ -246,7 +278,37 @@ TEST(EngineFormat, LayoutMatchesTheDocumentation) {
   SectionSpan states = find_section(b, L::SectionKind::kStates);
   EXPECT_EQ(states.offset, (named.offset + named.size + 63) / 64 * 64);
   EXPECT_EQ(states.size, 4u);  // no states: just the count
-  EXPECT_EQ(states.offset + states.size, b.size());
+  SectionSpan derived = find_section(b, L::SectionKind::kDerivedWeights);
+  EXPECT_EQ(derived.offset, (states.offset + states.size + 63) / 64 * 64);
+  EXPECT_EQ(derived.size, 4u);  // no derived weights: just the count
+  EXPECT_EQ(derived.offset + derived.size, b.size());
+  EXPECT_STREQ(L::section_name(9), "derived_weights");
+}
+
+// Format v6: a derived weight's section is laid out as engine_writer.cpp says.
+TEST(EngineFormat, DerivedWeightsSectionMatchesTheDocumentation) {
+  SEEDED_RNG(rng);
+  EngineDesc d = make_engine(rng);
+  add_derived_weight(d);
+  std::vector<uint8_t> b = serialize_ok(d);
+  SectionSpan s = find_section(b, L::SectionKind::kDerivedWeights);
+  // u32 n; {str name; u64 nbytes; u32 c; c x {u32 source; u64 offset, stride, dst; u32 rows, row_bytes}}
+  const std::string name = "fc.weight.packed";
+  ASSERT_EQ(s.size, 4 + 4 + name.size() + 8 + 4 + 3 * 36);
+  size_t at = s.offset;
+  EXPECT_EQ(load_le32(&b[at]), 1u);
+  EXPECT_EQ(load_le32(&b[at + 4]), name.size());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(&b[at + 8]), name.size()), name);
+  at += 8 + name.size();
+  EXPECT_EQ(load_le64(&b[at]), 1024u);
+  EXPECT_EQ(load_le32(&b[at + 8]), 3u);
+  at += 12 + 36;  // copy 1
+  EXPECT_EQ(load_le32(&b[at]), 1u);        // source
+  EXPECT_EQ(load_le64(&b[at + 4]), 16u);   // offset
+  EXPECT_EQ(load_le64(&b[at + 12]), 48u);  // stride
+  EXPECT_EQ(load_le64(&b[at + 20]), 256u); // dst
+  EXPECT_EQ(load_le32(&b[at + 28]), 8u);   // rows
+  EXPECT_EQ(load_le32(&b[at + 32]), 16u);  // row_bytes
 }
 
 // ---- corruption ----------------------------------------------------------------
@@ -299,9 +361,10 @@ TEST(EngineFormat, EveryBitFlipInASmallEngineFails) {
     d.tensors[t].nbytes = 64;
   }
   d.steps[0].gemm.n = 4;
+  add_derived_weight(d);  // reads only fc.weight's first 512 bytes
   std::vector<uint8_t> b = serialize_ok(d);
   ASSERT_GT(b.size(), 1000u);
-  ASSERT_LT(b.size(), 2000u);
+  ASSERT_LT(b.size(), 2400u);
   check_bit_flips(b, 1, true);
 }
 
@@ -448,7 +511,10 @@ TEST(EngineFormat, ResealedTamperedStepsAreRefusedNamingStepAndField) {
   const size_t kernel = step1 + 1 + 4 + 4 + 4;  // label "gelu"
   // module, "gelu_kernel", grid, block, shared_bytes, arg count, 2 tensor args, kind byte
   const size_t grid = kernel + 4 + 4 + 11;
-  const size_t count_arg = grid + 12 + 12 + 4 + 4 + 2 * (1 + 4) + 1;
+  // grid, block, shared_bytes, min_blocks (v6), arg count, 2 tensor args, kind byte
+  const size_t min_blocks = grid + 12 + 12 + 4;
+  const size_t count_arg = min_blocks + 4 + 4 + 2 * (1 + 4) + 1;
+  ASSERT_EQ(load_le32(&b[min_blocks]), 0u);
   ASSERT_EQ(load_le64(&b[gemm_m]), 8u);
   ASSERT_EQ(static_cast<int64_t>(load_le64(&b[count_arg])), -(int64_t{1} << 40) + 256);
 
@@ -473,6 +539,10 @@ TEST(EngineFormat, ResealedTamperedStepsAreRefusedNamingStepAndField) {
   expect_refused(c, {"step 1 (kernel 'gelu')", "grid dim 1 is 65536"});
 
   c = b;
+  put32(c, min_blocks, 3);  // a persistent kernel may not need more blocks than grid[0] (2)
+  expect_refused(c, {"step 1 (kernel 'gelu')", "min_blocks 3 exceeds grid[0] 2"});
+
+  c = b;
   put32(c, step0 + 1 + 4 + 5, 95);  // payload size no longer matches the gemm fields
   expect_refused(c, {"step 0"});
 
@@ -485,7 +555,9 @@ TEST(EngineFormat, ResealedTamperedStepsAreRefusedNamingStepAndField) {
   EXPECT_MESSAGE_HAS(r.status(), "engine format version " +
                                      std::to_string(kEngineFormatVersion - 1));
   EXPECT_MESSAGE_HAS(r.status(), "rebuild the .pte");
+  EXPECT_MESSAGE_HAS(r.status(), "re-exporting the model");
   EXPECT_MESSAGE_HAS(r.status(), "with this Kiln");
+  EXPECT_EQ(kEngineFormatVersion, 6u);  // so the previous version above is 5
 }
 
 }  // namespace

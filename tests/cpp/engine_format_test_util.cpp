@@ -99,6 +99,28 @@ EngineDesc make_engine(std::mt19937& rng, size_t cubin_bytes) {
   return d;
 }
 
+void add_derived_weight(EngineDesc& d) {
+  DerivedWeight w;
+  w.name = "fc.weight.packed";
+  w.nbytes = 1024;
+  // Rows of fc.weight, 128-byte rows read 64 bytes at a time, then a 16-byte
+  // column 48 bytes apart, then one 32-byte row (its stride unused).
+  w.copies.push_back(DerivedCopy{1, 0, 128, 0, 4, 64});
+  w.copies.push_back(DerivedCopy{1, 16, 48, 256, 8, 16});
+  w.copies.push_back(DerivedCopy{1, 480, 0, 512, 1, 32});
+  d.derived_weights.push_back(w);
+  TensorDesc t;
+  t.name = "fc.weight.packed";
+  t.dtype = DType::kFloat16;
+  t.shape = {2, 256};
+  t.storage = StorageKind::kDerivedWeight;
+  t.io_index = static_cast<uint32_t>(d.derived_weights.size() - 1);
+  t.offset = 0;
+  t.nbytes = 1024;
+  d.tensors.push_back(t);
+  d.steps[1].kernel.min_blocks = 1;  // gelu, grid[0] = 2: persistent, 1 or 2 blocks
+}
+
 void expect_desc_eq(const EngineDesc& a, const EngineDesc& b) {
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) {
@@ -154,12 +176,30 @@ void expect_desc_eq(const EngineDesc& a, const EngineDesc& b) {
       EXPECT_EQ(k.block[dim], l.block[dim]);
     }
     EXPECT_EQ(k.shared_bytes, l.shared_bytes);
+    EXPECT_EQ(k.min_blocks, l.min_blocks);
     ASSERT_EQ(k.args.size(), l.args.size());
     for (size_t j = 0; j < k.args.size(); ++j) {
       EXPECT_EQ(k.args[j].kind, l.args[j].kind);
       EXPECT_EQ(k.args[j].tensor, l.args[j].tensor);
       EXPECT_EQ(k.args[j].i64, l.args[j].i64);
       EXPECT_EQ(k.args[j].f32, l.args[j].f32);
+    }
+  }
+  ASSERT_EQ(a.derived_weights.size(), b.derived_weights.size());
+  for (size_t i = 0; i < a.derived_weights.size(); ++i) {
+    SCOPED_TRACE("derived weight " + std::to_string(i));
+    const DerivedWeight &x = a.derived_weights[i], &y = b.derived_weights[i];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.nbytes, y.nbytes);
+    ASSERT_EQ(x.copies.size(), y.copies.size());
+    for (size_t c = 0; c < x.copies.size(); ++c) {
+      SCOPED_TRACE("copy " + std::to_string(c));
+      EXPECT_EQ(x.copies[c].source, y.copies[c].source);
+      EXPECT_EQ(x.copies[c].offset, y.copies[c].offset);
+      EXPECT_EQ(x.copies[c].stride, y.copies[c].stride);
+      EXPECT_EQ(x.copies[c].dst, y.copies[c].dst);
+      EXPECT_EQ(x.copies[c].rows, y.copies[c].rows);
+      EXPECT_EQ(x.copies[c].row_bytes, y.copies[c].row_bytes);
     }
   }
   EXPECT_EQ(a.arena_bytes, b.arena_bytes);

@@ -37,6 +37,12 @@ std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n);
 // bit-flip test fast).
 EngineDesc make_engine(std::mt19937& rng, size_t cubin_bytes = 1024);
 
+// Format v6 parts on a make_engine() engine: a 1024-byte derived weight
+// "fc.weight.packed" made by three copies from fc.weight (tensor 1, reading
+// only its first 512 bytes), a tensor viewing it (appended last), and the
+// kernel step made persistent (min_blocks 1).
+void add_derived_weight(EngineDesc& d);
+
 // Every field of `a` and `b` equal (GoogleTest failures naming the field).
 void expect_desc_eq(const EngineDesc& a, const EngineDesc& b);
 

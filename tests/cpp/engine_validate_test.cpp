@@ -1,12 +1,14 @@
-// validate_engine's refusals, named weights (format version 4) and states
-// (mutable buffers, format version 5): what the engine format accepts beyond
-// its bytes being intact (engine_format_test.cpp).
+// validate_engine's refusals, named weights (format version 4), states
+// (mutable buffers, format version 5), derived weights and persistent kernel
+// steps (format version 6): what the engine format accepts beyond its bytes
+// being intact (engine_format_test.cpp).
 //
 // Random data comes from a seed printed with every failure; set KILN_TEST_SEED
 // to replay one.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -277,6 +279,152 @@ TEST(EngineFormatStates, ValidationNamesEachProblem) {
   d.states[0].nbytes = 0;
   d.tensors.back().nbytes = 0;
   expect_invalid(d, "0 bytes");
+}
+
+// ---- derived weights and persistent kernel steps (format version 6) --------------
+
+// One case per rule: each edit of the valid engine is refused with a message
+// naming the derived weight (index and name), the copy, and expected vs got.
+TEST(EngineFormatDerivedWeights, ValidationNamesEachProblem) {
+  SEEDED_RNG(rng);
+  EngineDesc base = make_engine(rng);
+  add_derived_weight(base);
+  ASSERT_TRUE(validate_engine(base).is_ok()) << validate_engine(base).message();
+  const uint32_t packed = static_cast<uint32_t>(base.tensors.size() - 1);
+  auto with = [&](const std::function<void(EngineDesc&)>& edit) {
+    EngineDesc d = base;
+    edit(d);
+    return d;
+  };
+  auto copy1 = [](EngineDesc& d) -> DerivedCopy& { return d.derived_weights[0].copies[1]; };
+  const char* w0 = "derived weight 0 'fc.weight.packed'";
+  const char* c1 = "derived weight 0 'fc.weight.packed' copy 1";
+
+  // The tensor that views it.
+  expect_invalid(with([&](EngineDesc& d) { d.tensors[packed].io_index = 3; }),
+                 {"tensor 5 'fc.weight.packed'", "derived weight 3 out of range (engine has 1)"});
+  expect_invalid(with([&](EngineDesc& d) { d.tensors[packed].offset = 16; }),
+                 {"tensor 5 'fc.weight.packed'", "range [16, +1024) lies outside the 1024-byte", w0});
+  expect_invalid(with([&](EngineDesc& d) { d.tensors[packed].offset = ~uint64_t{0} - 15; }),
+                 {"tensor 5 'fc.weight.packed'", "lies outside the 1024-byte", w0});
+  // The derived weight itself.
+  expect_invalid(with([](EngineDesc& d) { d.derived_weights[0].name.clear(); }),
+                 {"derived weight 0", "name length 0 is not in [1, 256]"});
+  expect_invalid(with([](EngineDesc& d) { d.derived_weights[0].name = "a\nb"; }),
+                 {"derived weight 0", "not printable ASCII"});
+  expect_invalid(with([&](EngineDesc& d) {
+                   d.derived_weights[0].nbytes = 0;
+                   d.tensors[packed].shape = {0};
+                   d.tensors[packed].nbytes = 0;
+                 }),
+                 {w0, "0 bytes"});
+  expect_invalid(with([](EngineDesc& d) { d.derived_weights[0].nbytes = (uint64_t{64} << 30) + 16; }),
+                 {w0, "68719476752 bytes", "past the 68719476736-byte limit"});
+  // Each copy.
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).source = 99; }),
+                 {c1, "source tensor 99 out of range (engine has 6 tensors)"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).source = 3; }),
+                 {c1, "source tensor 3 'fc_out' has storage kind 2; expected an inline (3) or named (4) weight"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).source = packed; }),
+                 {c1, "source tensor 5 'fc.weight.packed' has storage kind 6"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).rows = 0; }), {c1, "0 rows; expected at least 1"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).row_bytes = 8; }), {c1, "row_bytes 8; expected at least 16"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).row_bytes = 24; }),
+                 {c1, "row_bytes 24 is not a multiple of 16 bytes"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).offset = 8; }), {c1, "offset 8 is not a multiple of 16 bytes"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).stride = 40; }), {c1, "stride 40 is not a multiple of 16 bytes"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).dst = 260; }), {c1, "dst 260 is not a multiple of 16 bytes"});
+  expect_invalid(with([&](EngineDesc& d) {
+                   copy1(d).row_bytes = 64;
+                   copy1(d).stride = 48;
+                 }),
+                 {c1, "stride 48 is less than row_bytes 64 (source rows may not overlap)"});
+  // fc.weight is 4096 bytes: 8 rows 512 apart from 16 end at 16 + 7 * 512 + 16 = 3616; from 576, 4176.
+  expect_invalid(with([&](EngineDesc& d) {
+                   copy1(d).stride = 512;
+                   copy1(d).offset = 576;
+                 }),
+                 {c1, "reads 8 rows of 16 bytes, 512 apart, from offset 576 of source tensor 1 'fc.weight'",
+                  "expected them within its 4096 bytes"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).stride = uint64_t{1} << 62; }),
+                 {c1, "reads 8 rows of 16 bytes", "expected them within its 4096 bytes"});  // (rows-1) * stride overflows
+  expect_invalid(with([&](EngineDesc& d) {
+                   copy1(d).rows = 1;
+                   copy1(d).offset = ~uint64_t{0} - 15;
+                 }),
+                 {c1, "expected them within its 4096 bytes"});  // offset + row_bytes overflows
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).dst = 1024 - 64; }),
+                 {c1, "writes [960, +128): expected it within the 1024-byte derived weight"});
+  expect_invalid(with([&](EngineDesc& d) { copy1(d).dst = ~uint64_t{0} - 15; }),
+                 {c1, "expected it within the 1024-byte derived weight"});  // dst + bytes overflows
+  // A copy in a second derived weight is named by that weight.
+  expect_invalid(with([&](EngineDesc& d) {
+                   d.derived_weights.push_back(DerivedWeight{"second", 32, {DerivedCopy{1, 0, 0, 16, 1, 32}}});
+                 }),
+                 {"derived weight 1 'second' copy 0", "writes [16, +32)"});
+}
+
+TEST(EngineFormatDerivedWeights, CopyCountIsCapped) {
+  SEEDED_RNG(rng);
+  EngineDesc d = make_engine(rng);
+  add_derived_weight(d);
+  const size_t cap = size_t{16} << 20;
+  std::vector<DerivedCopy>& copies = d.derived_weights[0].copies;
+  copies.assign(cap, DerivedCopy{1, 0, 0, 0, 1, 16});
+  EXPECT_TRUE(validate_engine(d).is_ok()) << validate_engine(d).message();
+  copies.push_back(copies.back());
+  expect_invalid(d, {"derived weight 0 'fc.weight.packed'", "16777217 copies", "limit of 16777216 copies"});
+}
+
+// Derived weights stay derived when the inline weights become named: their
+// copies name the same tensors (now kNamedWeight) at the same tensor-relative
+// offsets, and the engine still validates and round-trips.
+TEST(EngineFormatDerivedWeights, ExternalizeKeepsThemDerivedAndTheirSources) {
+  SEEDED_RNG(rng);
+  EngineDesc d = make_engine(rng);
+  add_derived_weight(d);
+  const std::vector<DerivedWeight> before = d.derived_weights;
+  const uint32_t packed = static_cast<uint32_t>(d.tensors.size() - 1);
+  auto split = externalize_weights(&d, "kiln/m/");
+  ASSERT_TRUE(split.is_ok()) << split.status().message();
+  EXPECT_EQ(d.tensors[1].storage, StorageKind::kNamedWeight);
+  EXPECT_EQ(d.tensors[packed].storage, StorageKind::kDerivedWeight);
+  EXPECT_EQ(d.named_weights.size(), 2u);  // fc.weight, fc.bias: the derived one is not named
+  ASSERT_EQ(d.derived_weights.size(), 1u);
+  ASSERT_EQ(d.derived_weights[0].copies.size(), before[0].copies.size());
+  for (size_t c = 0; c < before[0].copies.size(); ++c) {
+    EXPECT_EQ(d.derived_weights[0].copies[c].source, before[0].copies[c].source);
+    EXPECT_EQ(d.derived_weights[0].copies[c].offset, before[0].copies[c].offset);
+  }
+  // The bytes each copy reads are the same bytes as before.
+  const std::vector<uint8_t>& named = split.value()[d.tensors[1].io_index];
+  EXPECT_EQ(named.size(), 4096u);
+  std::vector<uint8_t> bytes = serialize_ok(d);
+  auto parsed = parse_exact(bytes, bytes.size());
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+  expect_desc_eq(d, parsed.value());
+}
+
+TEST(EngineFormatPersistentKernel, ValidationNamesEachProblem) {
+  SEEDED_RNG(rng);
+  EngineDesc base = make_engine(rng);
+  base.steps[1].kernel.grid[0] = 132;
+  base.steps[1].kernel.min_blocks = 66;
+  ASSERT_TRUE(validate_engine(base).is_ok()) << validate_engine(base).message();
+  EngineDesc d = base;
+  d.steps[1].kernel.min_blocks = 133;
+  expect_invalid(d, {"step 1 (kernel 'gelu')", "min_blocks 133 exceeds grid[0] 132"});
+  d = base;
+  d.steps[1].kernel.grid[1] = 2;
+  expect_invalid(d, {"step 1 (kernel 'gelu')", "a persistent kernel (min_blocks 66) has grid 132x2x1",
+                     "expected grid[1] == grid[2] == 1"});
+  d = base;
+  d.steps[1].kernel.grid[2] = 3;
+  expect_invalid(d, {"step 1 (kernel 'gelu')", "has grid 132x1x3"});
+  d = base;
+  d.steps[1].kernel.min_blocks = 0;  // a fixed grid may be 2-D
+  d.steps[1].kernel.grid[1] = 2;
+  EXPECT_TRUE(validate_engine(d).is_ok());
 }
 
 }  // namespace

@@ -186,7 +186,7 @@ def test_executorch_export_takes_a_dict(block):
 
 
 def test_engine_format_version():
-    assert kiln._native.native().ENGINE_FORMAT_VERSION == 5  # 5: states (mutable buffers)
+    assert kiln._native.native().ENGINE_FORMAT_VERSION == 6  # 6: derived weights, persistent kernel steps
 
 
 # ---- bad input ------------------------------------------------------------------

@@ -3,7 +3,8 @@
 // runtime/steps/kernel_step_exec.cpp.
 //
 // Payload: u32 module; str function; u32 grid[3]; u32 block[3];
-//          u32 shared_bytes; u32 a; a x {u8 kind; u32 tensor | i64 | f32}
+//          u32 shared_bytes; u32 min_blocks (format v6; 0: fixed grid);
+//          u32 a; a x {u8 kind; u32 tensor | i64 | f32}
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -29,6 +30,7 @@ void write(const Step& s, ByteWriter* w) {
   for (uint32_t v : k.grid) w->put_u32(v);
   for (uint32_t v : k.block) w->put_u32(v);
   w->put_u32(k.shared_bytes);
+  w->put_u32(k.min_blocks);
   w->put_u32(static_cast<uint32_t>(k.args.size()));
   for (const KernelArg& a : k.args) {
     w->put_u8(static_cast<uint8_t>(a.kind));
@@ -49,6 +51,7 @@ Status read(ByteReader& r, uint32_t i, Step* s) {
   for (uint32_t d = 0; d < 3; ++d)
     KILN_READ_OR_RETURN(r.read_u32(&k->block[d]), "step %u kernel block[%u]", i, d);
   KILN_READ_OR_RETURN(r.read_u32(&k->shared_bytes), "step %u kernel shared_bytes", i);
+  KILN_READ_OR_RETURN(r.read_u32(&k->min_blocks), "step %u kernel min_blocks", i);
   uint32_t count = 0;
   KILN_READ_OR_RETURN(r.read_count(&count, kMinArgBytes), "step %u kernel arg count", i);
   k->args.resize(count);
@@ -106,6 +109,16 @@ Status validate(const StepCheck& check) {
     return invalid("%s: block of %llu threads exceeds %llu", label,
                    static_cast<unsigned long long>(threads),
                    static_cast<unsigned long long>(kMaxBlockThreads));
+  // A persistent kernel: grid[0] is its most blocks, the runtime picks the count at load.
+  if (k.min_blocks > 0) {
+    if (k.min_blocks > k.grid[0])
+      return invalid("%s: min_blocks %u exceeds grid[0] %u (the most blocks a persistent kernel may use)",
+                     label, k.min_blocks, k.grid[0]);
+    if (k.grid[1] != 1 || k.grid[2] != 1)
+      return invalid("%s: a persistent kernel (min_blocks %u) has grid %ux%ux%u; expected grid[1] == "
+                     "grid[2] == 1",
+                     label, k.min_blocks, k.grid[0], k.grid[1], k.grid[2]);
+  }
   bool has_count = false;
   for (uint32_t a = 0; a < k.args.size(); ++a) {
     const KernelArg& arg = k.args[a];
@@ -142,6 +155,7 @@ void describe(const Step& s, StepFieldSink& out) {
   out.integers("grid", {k.grid[0], k.grid[1], k.grid[2]});
   out.integers("block", {k.block[0], k.block[1], k.block[2]});
   out.integer("shared_bytes", k.shared_bytes);
+  out.integer("min_blocks", k.min_blocks);
   out.begin_list("args");
   for (const KernelArg& arg : k.args) {
     out.begin_record();
@@ -166,8 +180,12 @@ void describe(const Step& s, StepFieldSink& out) {
 std::string summary(const EngineDesc&, const Step& s) {
   const KernelStep& k = s.kernel;
   char text[192];
-  std::snprintf(text, sizeof(text), "kernel %s grid=%ux%u block=%ux%u", k.function.c_str(),
-                k.grid[0], k.grid[1], k.block[0], k.block[1]);
+  if (k.min_blocks > 0)
+    std::snprintf(text, sizeof(text), "kernel %s persistent grid<=%u (min %u) block=%ux%u", k.function.c_str(),
+                  k.grid[0], k.min_blocks, k.block[0], k.block[1]);
+  else
+    std::snprintf(text, sizeof(text), "kernel %s grid=%ux%u block=%ux%u", k.function.c_str(),
+                  k.grid[0], k.grid[1], k.block[0], k.block[1]);
   return text;
 }
 
