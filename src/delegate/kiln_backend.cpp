@@ -200,13 +200,19 @@ kiln::Status load_variant(et::BackendInitContext& context, const engine::Variant
            load_stats.named.mismatches > 0
                ? "; a weight on the GPU had the same key but other bytes: loaded separately"
                : "");
+  // Weights the engine made at load from the others (engine_desc.h DerivedWeight).
+  const std::string derived_note =
+      shared->derived_weights_bytes() > 0
+          ? " + " + std::to_string(shared->derived_weights_bytes()) + " bytes made from them at load"
+          : std::string();
   ET_LOG(Info,
          "KilnBackend: loaded engine for method '%s': %zu steps, %zu inputs, %zu outputs, "
-         "%zu bytes of weights (%s), %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "
+         "%zu bytes of weights (%s)%s, %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "
          "(%s, sm_%d)",
          method, shared->desc().steps.size(), n_inputs, n_outputs,
          shared->weights_bytes() + static_cast<size_t>(shared->named_weights_bytes()),
          load_stats.shared ? "shared with an earlier load" : share ? "shareable" : "private",
+         derived_note.c_str(),
          static_cast<size_t>(shared->desc().arena_bytes),
          ctx.uses_shared_scratch() ? "shared scratch" : "own",
          ctx.uses_cuda_graphs() ? "on" : "off", graphs_source_name(graphs_source), info.ordinal,

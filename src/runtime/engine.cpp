@@ -47,6 +47,8 @@ Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device,
   KILN_RETURN_IF_ERROR(e->load_kinds(LoadStage::kBeforeWeights));
   KILN_RETURN_IF_ERROR(e->upload_weights());
   KILN_RETURN_IF_ERROR(e->acquire_named_weights(weights, share_weights, stats));
+  KILN_RETURN_IF_ERROR(
+      e->derived_.make(e->desc_, [&](const TensorDesc& t) { return e->weight_address(t); }));
   KILN_RETURN_IF_ERROR(e->acquire_states(state_scope));
   KILN_RETURN_IF_ERROR(e->load_kinds(LoadStage::kAfterWeights));
   return Result<std::unique_ptr<Engine>>(std::move(e));
@@ -59,6 +61,7 @@ Engine::~Engine() {
     if (id < kinds_.size()) kinds_[id].reset();
   }
   kinds_.clear();
+  // derived_ frees its buffers as a member, after this body.
   named_.clear();  // the last engine holding a named weight frees it
   states_.clear();  // likewise a state
   if (weights_ != nullptr) (void)cudaFree(weights_);
@@ -81,6 +84,7 @@ Status Engine::load_kinds(LoadStage stage) {
   for (const StepRuntime* kind : step_runtimes()) {
     if (kind->stage != stage) continue;
     StepLoadEnv env{desc_, device_, weights_, named_bases_.data()};
+    if (derived_.size() > 0) env.derived_weights = derived_.bases();
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<StepKindPlans> plans, kind->load(env));
     const size_t id = static_cast<size_t>(kind->kind);
     if (kinds_.size() <= id) kinds_.resize(id + 1);
@@ -95,6 +99,8 @@ const void* Engine::weight_address(const TensorDesc& t) const {
     return static_cast<const uint8_t*>(weights_) + t.offset;
   if (t.storage == StorageKind::kNamedWeight && t.io_index < named_bases_.size())
     return static_cast<const uint8_t*>(named_bases_[t.io_index]) + t.offset;
+  if (t.storage == StorageKind::kDerivedWeight && t.io_index < derived_.size())
+    return static_cast<const uint8_t*>(derived_.bases()[t.io_index]) + t.offset;
   return nullptr;
 }
 

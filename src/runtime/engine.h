@@ -20,6 +20,7 @@
 
 #include "common/status.h"
 #include "engine_format/engine_desc.h"
+#include "runtime/derived_weights.h"
 #include "runtime/device.h"
 #include "runtime/named_weight_cache.h"
 #include "runtime/state_registry.h"
@@ -62,6 +63,8 @@ class Engine {
   // device copy per device and content, shared with every engine naming it
   // (`share_weights` false: a private copy). An engine with named weights and
   // no `weights` fails with kInvalidArgument.
+  // Derived weights (engine_desc.h DerivedWeight) are then made from those
+  // weights, privately for this Engine (one info log line each).
   // Mutable states (engine_desc.h StateDesc) come from
   // process_state_registry() in `state_scope`: one device buffer per
   // (device, scope, key), shared with every engine naming it.
@@ -88,7 +91,7 @@ class Engine {
   // Device base of the uploaded weights blob (nullptr when it is empty).
   const void* weights() const { return weights_; }
   size_t weights_bytes() const { return weights_bytes_; }
-  // Device address of a weight tensor (inline or named); nullptr for others.
+  // Device address of a weight tensor (inline, named or derived); nullptr for others.
   const void* weight_address(const engine::TensorDesc& t) const;
   // Named weights this engine holds (shared device copies), in desc order.
   const std::vector<std::shared_ptr<const DeviceWeight>>& named_weights() const {
@@ -102,6 +105,8 @@ class Engine {
   size_t states_reused() const { return states_reused_; }
   // Bytes of named weights this engine uses (each counted once).
   uint64_t named_weights_bytes() const { return named_bytes_; }
+  // Bytes of device memory of the weights this engine made at load (its own).
+  uint64_t derived_weights_bytes() const { return derived_.bytes(); }
   // The largest workspace any planned step (GEMM, conv) needs. Steps run one after
   // another on one stream, so a context allocates one buffer of this size.
   size_t workspace_bytes() const { return workspace_bytes_; }
@@ -129,6 +134,7 @@ class Engine {
   std::vector<std::shared_ptr<const DeviceWeight>> named_;  // by desc_.named_weights index
   std::vector<const void*> named_bases_;  // named_[i]->data(), for StepLoadEnv
   uint64_t named_bytes_ = 0;
+  DerivedWeights derived_;  // by desc_.derived_weights index
   std::vector<std::shared_ptr<DeviceState>> states_;  // by desc_.states index
   size_t states_reused_ = 0;
   size_t workspace_bytes_ = 0;
@@ -139,8 +145,8 @@ class Engine {
 Status require_named_data(const std::vector<engine::NamedWeight>& wanted, const WeightSource* source);
 
 // Byte alignment (<= 256) of a tensor's device address: engine inputs and
-// outputs have buffers of their own, arena and weight tensors (inline or
-// named) sit at `offset` from a 256-byte aligned base.
+// outputs have buffers of their own, arena, state and weight tensors (inline,
+// named or derived) sit at `offset` from a 256-byte aligned base.
 uint32_t address_alignment(const engine::TensorDesc& t);
 
 // "step 3 ('addmm+gelu')", for messages.

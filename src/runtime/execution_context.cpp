@@ -152,6 +152,7 @@ void* ExecutionContext::tensor_address(uint32_t tensor) {
       return static_cast<uint8_t*>(bound_arena_) + t.offset;
     case StorageKind::kWeight:
     case StorageKind::kNamedWeight:
+    case StorageKind::kDerivedWeight:
       // Kernels only read weights; the launch API wants non-const pointers.
       return const_cast<void*>(engine_->weight_address(t));
     case StorageKind::kState:
@@ -188,6 +189,7 @@ class ExecutionContext::Binder : public StepBinder {
     switch (t.storage) {
       case StorageKind::kWeight:
       case StorageKind::kNamedWeight:
+      case StorageKind::kDerivedWeight:
       case StorageKind::kState:  // fixed for the engine's life, like weights
         return;
       case StorageKind::kInput:

@@ -34,14 +34,22 @@ struct StepLoadEnv {
   // Device base of each named weight (EngineDesc::named_weights order); null
   // before the upload.
   const void* const* named_weights = nullptr;
+  // Device base of each derived weight (EngineDesc::derived_weights order),
+  // made after the named weights; null before (kBeforeWeights loaders).
+  const void* const* derived_weights = nullptr;
   size_t workspace_bytes = 0;  // raise to the largest workspace one step needs
 
-  // Device address of weight tensor `t` (inline or named); after the upload.
+  // Device address of weight tensor `t` (inline, named or derived); after the
+  // upload (kAfterWeights loaders).
   const void* weight_address(const engine::TensorDesc& t) const {
     if (t.storage == engine::StorageKind::kNamedWeight)
       return named_weights == nullptr
                  ? nullptr
                  : static_cast<const uint8_t*>(named_weights[t.io_index]) + t.offset;
+    if (t.storage == engine::StorageKind::kDerivedWeight)
+      return derived_weights == nullptr
+                 ? nullptr
+                 : static_cast<const uint8_t*>(derived_weights[t.io_index]) + t.offset;
     return static_cast<const uint8_t*>(weights) + t.offset;
   }
 };
