@@ -5,8 +5,10 @@
 // cudaLaunchKernel, or, for the sm_90+ cubins of an engine built with
 // overlap_launches, cudaLaunchKernelExC with the programmatic-serialization
 // attribute: such a kernel waits for its predecessor in-kernel
-// (codegen/grid_dependency.h), so it may launch while that one runs. The
-// format half is
+// (codegen/grid_dependency.h), so it may launch while that one runs. A
+// persistent step (KernelStep::min_blocks > 0) gets its grid at load: the
+// largest co-resident block count (a whole number of the kernel's clusters)
+// up to grid[0]; it always launches the classic way. The format half is
 // engine_format/steps/kernel_step_format.cpp.
 #include <algorithm>
 #include <map>
@@ -21,6 +23,7 @@
 #include "runtime/log.h"
 #include "runtime/step_runtime.h"
 #include "runtime/steps/kernel_code_choice.h"
+#include "runtime/steps/kernel_step_exec.h"
 
 namespace kiln::runtime {
 namespace {
@@ -206,6 +209,78 @@ Status load_modules(const engine::EngineDesc& desc, const DeviceInfo& device, Ke
   return Status::ok();
 }
 
+// A persistent kernel's blocks wait on each other through global memory, so
+// every block must be resident at once or the kernel never finishes: its grid
+// is the largest count <= grid[0] that fits on this GPU together (occupancy
+// with the step's block and dynamic shared memory, after the kernel's opt-in)
+// and is a whole number of the kernel's compiled clusters (__cluster_dims__).
+// Fewer than min_blocks: kIncompatible.
+Status choose_persistent_grid(const engine::EngineDesc& desc, size_t step, const DeviceInfo& device,
+                              KernelPlan* plan) {
+  const engine::KernelStep& ks = desc.steps[step].kernel;
+  const std::string where = step_label(desc, step) + ": kernel '" + ks.function + "' in module '" +
+                            desc.modules[ks.module].name + "'";
+  const void* func = reinterpret_cast<const void*>(plan->kernel);
+  cudaFuncAttributes attr{};
+  cudaError_t error = cudaFuncGetAttributes(&attr, func);
+  if (error != cudaSuccess)
+    return cuda_error_status(error, "cudaFuncGetAttributes", __FILE__, __LINE__).with_context(where);
+  const int threads = static_cast<int>(ks.block[0] * ks.block[1] * ks.block[2]);  // validated <= 1024
+  const int cluster = std::max(attr.requiredClusterWidth, 1);
+  if (attr.requiredClusterHeight > 1 || attr.requiredClusterDepth > 1)
+    return make_status(StatusCode::kIncompatible,
+                       "%s: a persistent kernel with clusters of %dx%dx%d blocks; its grid is 1-D, so "
+                       "clusters must be too",
+                       where.c_str(), attr.requiredClusterWidth, attr.requiredClusterHeight,
+                       attr.requiredClusterDepth);
+  if (attr.clusterDimMustBeSet && attr.requiredClusterWidth <= 0)
+    return make_status(StatusCode::kIncompatible,
+                       "%s: a persistent kernel that needs a cluster size at launch; only compiled "
+                       "cluster sizes (__cluster_dims__) are supported",
+                       where.c_str());
+  uint64_t co_resident = 0;
+  std::string how;
+  if (attr.requiredClusterWidth > 0) {
+    // The config's cluster size is left unset: the compiled one applies.
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
+    config.blockDim = dim3(ks.block[0], ks.block[1], ks.block[2]);
+    config.dynamicSmemBytes = ks.shared_bytes;
+    int clusters = 0;
+    error = cudaOccupancyMaxActiveClusters(&clusters, func, &config);
+    if (error != cudaSuccess)
+      return cuda_error_status(error, "cudaOccupancyMaxActiveClusters", __FILE__, __LINE__).with_context(where);
+    co_resident = static_cast<uint64_t>(clusters) * static_cast<uint64_t>(cluster);
+    how = std::to_string(clusters) + " clusters of " + std::to_string(cluster) + " blocks";
+  } else {
+    int per_sm = 0;
+    error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, func, threads, ks.shared_bytes);
+    if (error != cudaSuccess)
+      return cuda_error_status(error, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", __FILE__, __LINE__)
+          .with_context(where);
+    co_resident = static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(device.sm_count, 0));
+    how = std::to_string(per_sm) + " blocks per SM x " + std::to_string(device.sm_count) + " SMs";
+  }
+  uint64_t blocks = std::min<uint64_t>(ks.grid[0], co_resident);
+  blocks -= blocks % static_cast<uint64_t>(cluster);
+  if (blocks < ks.min_blocks)
+    return make_status(StatusCode::kIncompatible,
+                       "%s: a persistent kernel (its blocks wait on each other, so all must be resident "
+                       "at once) needs at least %u blocks (min_blocks), but this GPU (%s, sm_%d) gives it "
+                       "%llu: %llu co-resident (%s, with %d threads, %u bytes of dynamic and %zu of static "
+                       "shared memory per block, %d registers per thread), at most %u (grid[0])%s",
+                       where.c_str(), ks.min_blocks, device.name.c_str(), device.sm,
+                       static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(co_resident),
+                       how.c_str(), threads, ks.shared_bytes, attr.sharedSizeBytes, attr.numRegs, ks.grid[0],
+                       cluster > 1 ? (", in whole clusters of " + std::to_string(cluster)).c_str() : "");
+  plan->grid = dim3(static_cast<unsigned>(blocks), 1, 1);
+  log_message(LogLevel::kInfo, "%s: persistent kernel: grid of %llu blocks (co-resident on %s: %llu = %s; the engine "
+              "allows %u, needs at least %u)",
+              where.c_str(), static_cast<unsigned long long>(blocks), device.name.c_str(),
+              static_cast<unsigned long long>(co_resident), how.c_str(), ks.grid[0], ks.min_blocks);
+  return Status::ok();
+}
+
 Status resolve_kernels(engine::EngineDesc& desc, const DeviceInfo& device, KernelPlans* out) {
   // Largest dynamic shared memory each kernel is launched with; kernels that
   // need more than the default limit are opted in once, to the maximum.
@@ -289,7 +364,9 @@ Status resolve_kernels(engine::EngineDesc& desc, const DeviceInfo& device, Kerne
     plan.grid = dim3(ks.grid[0], ks.grid[1], ks.grid[2]);
     plan.block = dim3(ks.block[0], ks.block[1], ks.block[2]);
     plan.shared_bytes = ks.shared_bytes;
-    plan.programmatic = out->programmatic[ks.module];
+    // A persistent kernel launched early could start some blocks while the
+    // previous kernel still holds SMs; it always launches the classic way.
+    plan.programmatic = out->programmatic[ks.module] && ks.min_blocks == 0;
   }
   for (const auto& [kernel, bytes] : opt_in_bytes) {
     cudaError_t error = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -301,6 +378,10 @@ Status resolve_kernels(engine::EngineDesc& desc, const DeviceInfo& device, Kerne
           .with_context("opting a kernel in to " + std::to_string(bytes) +
                         " bytes of dynamic shared memory");
   }
+  // Occupancy depends on the opt-in above, so persistent grids are chosen after it.
+  for (size_t i = 0; i < desc.steps.size(); ++i)
+    if (desc.steps[i].kind == StepKind::kKernel && desc.steps[i].kernel.min_blocks > 0)
+      KILN_RETURN_IF_ERROR(choose_persistent_grid(desc, i, device, &out->plans[i]));
   // The driver has its own copy of each image now.
   for (KernelModule& m : desc.modules) {
     for (auto& cubin : m.cubins) std::vector<uint8_t>().swap(cubin.image);
@@ -323,6 +404,19 @@ Result<std::unique_ptr<StepKindPlans>> load(StepLoadEnv& env) {
 }
 
 }  // namespace
+
+bool kernel_step_launch(const Engine& engine, size_t step, KernelStepLaunch* out) {
+  const auto* plans = static_cast<const KernelPlans*>(engine.step_plans(StepKind::kKernel));
+  if (plans == nullptr || step >= plans->plans.size() || step >= engine.desc().steps.size() ||
+      engine.desc().steps[step].kind != StepKind::kKernel)
+    return false;
+  const KernelPlan& plan = plans->plans[step];
+  out->grid[0] = plan.grid.x, out->grid[1] = plan.grid.y, out->grid[2] = plan.grid.z;
+  out->block[0] = plan.block.x, out->block[1] = plan.block.y, out->block[2] = plan.block.z;
+  out->shared_bytes = plan.shared_bytes;
+  out->programmatic = plan.programmatic;
+  return true;
+}
 
 extern const StepRuntime kKernelStepRuntime = {StepKind::kKernel, LoadStage::kBeforeWeights,
                                                load};
