@@ -7,7 +7,7 @@ the check that a .pte is intact.
 Per method: its delegates in order. Per Kiln engine: the SMs it carries code
 for, the options baked in, its inputs and outputs, each step (fused op group
 label, GEMM shape or kernel launch shape), and the memory plan (arena size,
-each arena tensor's offset and size, weights). Weights kept in the program's
+each arena tensor's offset and size, weights, weights derived at load). Weights kept in the program's
 named data are listed per method, with the methods that share them and
 whether the bytes are in this file or in an external .ptd. Exit status 1 on
 any problem.
@@ -108,9 +108,12 @@ def _summarize(engine: dict) -> None:
     arena = [_tensor(engine, i) for i, t in enumerate(engine["tensors"]) if t["storage"] == "arena"]
     weights = [t for t in engine["tensors"] if t["storage"] == "weight"]
     named = engine["named_weights"]
+    derived = engine.setdefault("derived_weights", [])
     for t in engine["tensors"]:
         if t["storage"] == "named_weight":
             named[t["io_index"]].setdefault("tensors", []).append(t["name"])
+        elif t["storage"] == "derived_weight":
+            derived[t["io_index"]].setdefault("tensors", []).append(t["name"])
     engine["memory_plan"] = {
         "arena_bytes": engine["arena_bytes"],
         "arena_tensors": sorted(arena, key=lambda t: (t["offset"], t["index"])),
@@ -118,6 +121,8 @@ def _summarize(engine: dict) -> None:
         "weight_tensors": len(weights),
         "named_weights_bytes": sum(n["nbytes"] for n in named),
         "named_weight_tensors": len(named),
+        "derived_weights_bytes": sum(d["nbytes"] for d in derived),
+        "derived_weights": [{"name": d["name"], "nbytes": d["nbytes"], "copies": d["copies"]} for d in derived],
     }
 
 
@@ -222,6 +227,9 @@ def _step_line(number: int, s: dict) -> str:
     grid = "x".join(map(str, s["grid"]))
     block = "x".join(map(str, s["block"]))
     smem = f" smem={s['shared_bytes']}" if s.get("shared_bytes") else ""
+    if s.get("min_blocks"):
+        # A persistent kernel: the runtime launches what is co-resident on the GPU, up to grid[0].
+        grid = f"<={s['grid'][0]} (persistent, min {s['min_blocks']})"
     return f"    {number:>3} kernel {s['label']:<24} {s['function']} grid={grid} block={block}{smem}"
 
 
@@ -272,6 +280,11 @@ def _describe_engine(e: dict) -> list[str]:
         lines.append(f"  weights: {plan['named_weight_tensors']} tensors, {_size(plan['named_weights_bytes'])} "
                      f"({plan['named_weights_bytes']:,} B) as named data {where}"
                      + (", shared with " + ", ".join(f"method '{m}'" for m in shared) if shared else ""))
+    if plan["derived_weights"]:
+        lines.append(f"  derived weights (made on the GPU at load from the weights): "
+                     f"{_size(plan['derived_weights_bytes'])} ({plan['derived_weights_bytes']:,} B)")
+        for d in plan["derived_weights"]:
+            lines.append(f"    {d['name']}: {d['nbytes']:,} B from {d['copies']:,} copies")
     for t in plan["arena_tensors"]:
         lines.append(f"    arena offset {t['offset']:>10,} size {t['nbytes']:>10,}  {t['name']} {_shape(t)}")
     return lines

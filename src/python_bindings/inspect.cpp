@@ -23,6 +23,7 @@ const char* storage_name(StorageKind kind) {
     case StorageKind::kWeight: return "weight";
     case StorageKind::kNamedWeight: return "named_weight";
     case StorageKind::kState: return "state";
+    case StorageKind::kDerivedWeight: return "derived_weight";
   }
   return "unknown";
 }
@@ -152,6 +153,20 @@ nb::dict inspect_engine(nb::bytes data) {
     named.append(d);
   }
   out["named_weights"] = named;
+  // Weights the runtime makes at load from the others (format v6): the copy
+  // list is summarized (a model's can hold ~10^5 copies).
+  nb::list derived;
+  for (const DerivedWeight& w : desc.derived_weights) {
+    nb::dict d;
+    d["name"] = w.name;
+    d["nbytes"] = w.nbytes;
+    d["copies"] = w.copies.size();
+    uint64_t copied = 0;
+    for (const DerivedCopy& c : w.copies) copied += uint64_t{c.rows} * c.row_bytes;
+    d["copied_bytes"] = copied;
+    derived.append(d);
+  }
+  out["derived_weights"] = derived;
   nb::dict metadata;
   for (const auto& [key, value] : desc.metadata) metadata[key.c_str()] = value;
   out["metadata"] = metadata;

@@ -39,6 +39,8 @@ def test_engine_contents(compiled_mlp):
         assert module["ptx_bytes"] > 0
     kernels = [s for s in info["steps"] if s["kind"] == "kernel"]
     assert kernels and all(k["block"][0] > 0 and k["function"] for k in kernels)
+    assert all(k["min_blocks"] == 0 for k in kernels)  # fixed grids (format v6 field)
+    assert info["derived_weights"] == []
 
     assert info["metadata"]["precision"] == "float32"
     assert info["metadata"]["target_sms"] == "80,86,87,89,90,100,110,120"

@@ -121,3 +121,38 @@ def test_a_reader_that_stops_early_is_not_an_error(pte):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_report_shows_derived_weights_and_persistent_steps():
+    # Format v6 parts (no exporter makes them yet): an engine dict as
+    # inspect_engine returns it, through the same summary and report code.
+    from kiln import inspect as kinspect
+
+    def tensor(name, storage, io_index=0, shape=(4, 64)):
+        return {"name": name, "dtype": "float16", "shape": list(shape), "storage": storage,
+                "io_index": io_index, "offset": 0, "nbytes": 512}
+
+    engine = {
+        "tensors": [tensor("x", "input"), tensor("w", "named_weight"), tensor("w.packed", "derived_weight"),
+                    tensor("y", "output")],
+        "inputs": [0], "outputs": [3], "modules": [], "arena_bytes": 0, "weights_bytes": 0,
+        "named_weights": [{"key": "kiln/m/abc-512", "nbytes": 512, "hash": 1}],
+        "derived_weights": [{"name": "w.packed", "nbytes": 3 << 20, "copies": 77000, "copied_bytes": 3 << 20}],
+        "steps": [{"label": "decode_layers", "kind": "kernel", "function": "kiln_decode_layers",
+                   "grid": [264, 1, 1], "block": [256, 1, 1], "shared_bytes": 1024, "min_blocks": 128,
+                   "args": []},
+                  {"label": "copy", "kind": "kernel", "function": "kiln_copy", "grid": [8, 1, 1],
+                   "block": [128, 1, 1], "shared_bytes": 0, "min_blocks": 0, "args": []}],
+        "metadata": {}, "method": "decode", "delegate_index": 0, "backend": "KilnBackend", "bytes": 4096,
+        "compile_specs": {}, "weights_stored": "file", "weights_shared_with": [],
+    }
+    kinspect._summarize(engine)
+    plan = engine["memory_plan"]
+    assert plan["derived_weights_bytes"] == 3 << 20
+    assert plan["derived_weights"] == [{"name": "w.packed", "nbytes": 3 << 20, "copies": 77000}]
+    assert engine["derived_weights"][0]["tensors"] == ["w.packed"]
+    out = "\n".join(kinspect._describe_engine(engine))
+    assert "derived weights (made on the GPU at load from the weights): 3.0 MiB (3,145,728 B)" in out
+    assert "w.packed: 3,145,728 B from 77,000 copies" in out
+    assert "kiln_decode_layers grid=<=264 (persistent, min 128) block=256x1x1 smem=1024" in out
+    assert "kiln_copy grid=8x1x1 block=128x1x1" in out
