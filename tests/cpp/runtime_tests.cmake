@@ -84,3 +84,13 @@ gtest_discover_tests(kiln_named_weight_cache_tests)
 add_executable(kiln_kernel_code_choice_tests kernel_code_choice_test.cpp)
 target_link_libraries(kiln_kernel_code_choice_tests PRIVATE kiln_runtime GTest::gtest_main)
 gtest_discover_tests(kiln_kernel_code_choice_tests)
+
+# Engine format v6 on the GPU: derived weights made at load (inline and named
+# sources) and persistent kernel steps (co-resident grid, clusters, refusal);
+# the test kernels compile with NVRTC everywhere, the rest is skipped, with the
+# reason, without a GPU.
+if(TARGET kiln_codegen)
+  add_executable(kiln_runtime_derived_weight_tests runtime_derived_weight_test.cpp)
+  target_link_libraries(kiln_runtime_derived_weight_tests PRIVATE kiln_runtime kiln_codegen GTest::gtest_main)
+  gtest_discover_tests(kiln_runtime_derived_weight_tests)
+endif()
