@@ -84,12 +84,16 @@ class Lowering final : public ops::LowerContext {
       for (engine::Step& step : desc_.steps)
         if (step.kind == engine::StepKind::kKernel) {
           auto it = module_of_.find(step.kernel.function);
+          const bool own = std::any_of(own_modules_.begin(), own_modules_.end(),
+                                       [&](const OwnModule& m) { return m.name == step.kernel.function; });
+          if (own) continue;  // compile_own_modules places it
           if (it == module_of_.end())
             throw CompileError("internal: step '" + step.label + "' launches '" + step.kernel.function +
                                "', which no generated source defines");
           step.kernel.module = it->second;
         }
     }
+    compile_own_modules(options);
     std::ostringstream sms;
     for (size_t i = 0; i < options.target_sms.size(); ++i) sms << (i ? "," : "") << options.target_sms[i];
     desc_.metadata.emplace_back("precision", engine::dtype_name(compute));
@@ -99,11 +103,51 @@ class Lowering final : public ops::LowerContext {
     desc_.metadata.emplace_back("conv_gemm", ops::conv_gemm_name(options.op_options.conv_gemm));
     desc_.metadata.emplace_back("depthwise_kernels", options.op_options.depthwise_kernels ? "true" : "false");
     desc_.metadata.emplace_back("gemv_kernels", options.op_options.gemv_kernels ? "true" : "false");
+    if (options.op_options.persistent_decode) desc_.metadata.emplace_back("persistent_decode", "true");
     // Read by the runtime: launch the sm_90+ cubins' kernels programmatically.
     desc_.metadata.emplace_back("overlap_launches", options.overlap_launches ? "true" : "false");
     if (options.use_cuda_graphs >= 0)
       desc_.metadata.emplace_back("use_cuda_graphs", options.use_cuda_graphs ? "true" : "false");
     return std::move(desc_);
+  }
+
+  void add_module_source(const std::string& name, const std::string& source, uint32_t min_sm) override {
+    pending_.clear();
+    ++distinct_;
+    source_ += "\n" + source;
+    own_modules_.push_back({name, source, min_sm});
+  }
+
+  uint32_t add_derived_weight(engine::DerivedWeight weight, engine::DType dtype, std::vector<int64_t> shape) override {
+    engine::TensorDesc t;
+    t.name = weight.name;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.storage = engine::StorageKind::kDerivedWeight;
+    t.io_index = static_cast<uint32_t>(desc_.derived_weights.size());
+    t.nbytes = engine::dtype_size(dtype);
+    for (int64_t d : t.shape) t.nbytes *= static_cast<uint64_t>(d);
+    if (t.nbytes != weight.nbytes)
+      throw CompileError("internal: derived weight '" + weight.name + "' of " + std::to_string(weight.nbytes) +
+                         " bytes given a tensor of " + std::to_string(t.nbytes));
+    desc_.derived_weights.push_back(std::move(weight));
+    desc_.tensors.push_back(std::move(t));
+    return static_cast<uint32_t>(desc_.tensors.size() - 1);
+  }
+
+  uint32_t add_state(const std::string& key, uint64_t nbytes) override {
+    for (const engine::StateDesc& s : desc_.states)
+      if (s.key == key) throw CompileError("internal: state key '" + key + "' is taken");
+    engine::TensorDesc t;
+    t.name = key;
+    t.dtype = engine::DType::kInt32;
+    t.shape = {static_cast<int64_t>((nbytes + 3) / 4)};
+    t.storage = engine::StorageKind::kState;
+    t.io_index = static_cast<uint32_t>(desc_.states.size());
+    t.nbytes = static_cast<uint64_t>(t.shape[0]) * 4;
+    desc_.states.push_back(engine::StateDesc{key, t.nbytes, {}});
+    desc_.tensors.push_back(std::move(t));
+    return static_cast<uint32_t>(desc_.tensors.size() - 1);
   }
 
   const ir::Graph& graph() const override { return graph_; }
@@ -254,6 +298,26 @@ class Lowering final : public ops::LowerContext {
   // several cores (densenet201: 320 distinct kernels). The split depends on
   // the kernels only, never on the machine: the same graph gives the same
   // engine everywhere.
+  // The kernels that asked for a module of their own (add_module_source): each compiled for the
+  // targeted SMs it allows, without the grid-dependency patch.
+  void compile_own_modules(const CompileOptions& options) {
+    for (const OwnModule& m : own_modules_) {
+      std::vector<uint32_t> sms;
+      for (uint32_t sm : cubin_sms(options))
+        if (sm >= m.min_sm) sms.push_back(sm);
+      if (sms.empty())
+        throw CompileError("kernel '" + m.name + "' needs sm_" + std::to_string(m.min_sm) +
+                           " or newer, and no target SM is");
+      module_of_[m.name] = static_cast<uint32_t>(desc_.modules.size());
+      desc_.modules.push_back(codegen::compile_module(m.name, m.source, sms, options.emit_ptx, options.progress, false));
+    }
+    for (engine::Step& step : desc_.steps)
+      if (step.kind == engine::StepKind::kKernel) {
+        auto it = module_of_.find(step.kernel.function);
+        if (it != module_of_.end()) step.kernel.module = it->second;
+      }
+  }
+
   std::vector<codegen::ModuleSource> split_modules() {
     constexpr size_t kKernelsPerModule = 64, kMaxModules = 4;
     const size_t count = std::min(kMaxModules, std::max<size_t>(1, units_.size() / kKernelsPerModule));
@@ -297,6 +361,11 @@ class Lowering final : public ops::LowerContext {
 
   std::string source_;             // every generated kernel, in order (debug_dir's dump)
   std::vector<std::pair<std::string, std::string>> units_;  // each distinct kernel: function, source
+  struct OwnModule {
+    std::string name, source;
+    uint32_t min_sm = 0;
+  };
+  std::vector<OwnModule> own_modules_;  // kernels in modules of their own (add_module_source)
   std::string shared_;             // sources that define no kernel (helpers)
   std::map<std::string, uint32_t> module_of_;  // function -> its module (split_modules)
   int kernels_ = 0;                // kernel names handed out
@@ -397,6 +466,19 @@ const std::vector<Pass>& passes() {
       {"gemv_loop_epilogues",
        [](PassState& s, const CompileOptions&, engine::DType) {
          passes::plan_gemv_loop_epilogues(s.graph, s.plan);
+         check_plan_reads(s.graph, s.plan);
+       }},
+      {"fold_decode_layers",
+       [](PassState& s, const CompileOptions& o, engine::DType) {
+         if (!o.op_options.persistent_decode) return;
+         ops::OpOptions op_options = o.op_options;
+         op_options.min_target_sm = static_cast<int>(*std::min_element(o.target_sms.begin(), o.target_sms.end()));
+         std::string why;
+         const int removed = passes::fold_decode_layers(s.graph, s.plan, op_options, &why);
+         if (o.progress)
+           o.progress(removed > 0 ? "persistent_decode: the decode layers are one persistent kernel (" +
+                                        std::to_string(removed + 1) + " steps -> 1)"
+                                  : "persistent_decode: not applied: " + why);
          check_plan_reads(s.graph, s.plan);
        }},
   };

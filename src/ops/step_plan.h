@@ -31,6 +31,18 @@ class LowerContext {
   virtual std::string kernel_name(const std::string& prefix) = 0;
   // Appends CUDA source to the module (after the shared prelude).
   virtual void add_source(const std::string& source) = 0;
+  // `source`, defining the kernel `name` (from kernel_name), as a module of its own: cubins only
+  // for the targeted SMs >= min_sm (PTX for the oldest of those when PTX is emitted), without the
+  // grid-dependency patch (its steps launch after their predecessor completes). Throws
+  // CompileError when no targeted SM is >= min_sm.
+  virtual void add_module_source(const std::string& name, const std::string& source, uint32_t min_sm) = 0;
+  // A weight the runtime makes at load from other weights (engine::DerivedWeight), as a tensor
+  // of `dtype` and `shape`; returns the engine tensor.
+  virtual uint32_t add_derived_weight(engine::DerivedWeight weight, engine::DType dtype,
+                                      std::vector<int64_t> shape) = 0;
+  // A state of the step's own (zeroed bytes, keyed `key`, shared only by engines naming that
+  // key), as a uint8 tensor; returns the engine tensor.
+  virtual uint32_t add_state(const std::string& key, uint64_t nbytes) = 0;
 
   engine::KernelArg tensor_arg(int value) const;
   static engine::KernelArg int_arg(int64_t v);
