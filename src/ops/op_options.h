@@ -30,6 +30,11 @@ struct OpOptions {
   // loads; a decode attention's L2 prefetch of its cache rows). Set by the
   // compiler from CompileOptions::overlap_launches.
   bool overlap_launches = false;
+  // kiln.compile's persistent_decode: a language model's decode layers (Llama-style, the shapes
+  // ops/decode_layers_kernel.h takes) become one persistent kernel (passes/fold_decode_layers.cpp).
+  // Needs every target SM to be sm_90 or newer; off by default until it has run on the GPU in
+  // the generation example.
+  bool persistent_decode = false;
 };
 
 const char* conv_gemm_name(OpOptions::ConvGemm mode);  // "all", "unstrided", "none"

@@ -116,6 +116,15 @@ int group_launches(ExecPlan& plan);
 // (GemmPlan::loop_members; gemv_loop_epilogue.cpp). Returns the steps removed.
 int plan_gemv_loop_epilogues(const ir::Graph& graph, ExecPlan& plan);
 
+// After plan_gemv_loop_epilogues, when OpOptions::persistent_decode: the run of a language
+// model's decode layers (six steps a layer: q|k|v with its rotary and cache writes, split
+// attention, combine, o-projection + residual, gate|up with SiLU * up, down + residual; every
+// assumption checked, the mask proven causal by position) becomes one ops::DecodeLayersPlan, and
+// the steps that only fed it go (fold_decode_layers.cpp). Returns the steps removed; when nothing
+// was folded, *why_not (if given) says why ("" when the option is off).
+int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOptions& options,
+                       std::string* why_not = nullptr);
+
 // Lifetime-based placement of activations in one arena.
 struct ArenaRequest {
   uint64_t nbytes = 0;

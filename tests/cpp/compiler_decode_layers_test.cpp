@@ -1,15 +1,19 @@
 // The persistent decode-layers kernel (ops/decode_layers_kernel.h) on the CPU side: its source
 // compiles with the real NVRTC and nvJitLink for sm_90 in bf16 and fp16 (the static_assert on its
 // shared-memory state included), the shapes and grids it cannot take are refused with the reason,
-// and its packed copy holds exactly the layers' weights. Its numerics are checked on the GPU by
+// and its packed copy holds exactly the layers' weights, laid out as the kernel reads them (the
+// load-time copies against the layout written out element by element). Its numerics are checked on the GPU by
 // benchmarks/micro/decode_layers_persistent.cu (docs/gpu_results.md).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "codegen/nvrtc_compiler.h"
 #include "ops/decode_layers_kernel.h"
+#include "ops/decode_layers_ops.h"
 
 namespace kiln::ops {
 namespace {
@@ -93,6 +97,81 @@ TEST(DecodeLayersKernel, PackedCopyHoldsExactlyTheLayersWeights) {
   const int64_t per_layer = h * s.heads * d + 2 * h * s.kv_heads * d + s.heads * d * h + 3 * h * inter;
   EXPECT_EQ(decode_layers_packed_elems(s), s.layers * (per_layer + 2 * h));  // and the two norms
   EXPECT_LE(decode_layers_shared_bytes(DecodeLayersKernelOptions{}), 227 * 1024);  // sm_90's opt-in limit
+}
+
+
+// The copies decode_layers_pack_copies gives, applied on the host to weights whose every element
+// names itself, against the kernel's layout computed element by element (the micro-benchmark's
+// pack() as plain C++): q|k|v rows of each phase-A block, o halves, gate|up tasks, down pairs, norms.
+void check_packing(bool gate_first) {
+  DecodeLayersShape s = bench_shape();
+  s.layers = 1;
+  DecodeLayersPlan plan;
+  plan.shape = s;
+  DecodeLayersPlan::Layer L;
+  L.q_col = 0, L.k_col = 1024, L.v_col = 1536, L.gate_first = gate_first;
+  plan.layers = {L};
+  const int64_t H = 1024, I = 4096;
+  // tensors 0..5: norm1, norm2, qkv [2048, H], o [H, H], gate_up [2I, H], down [H, I]
+  const int64_t rows[6] = {1, 1, 2048, H, 2 * I, H}, cols[6] = {H, H, H, H, H, I};
+  std::vector<std::vector<uint16_t>> w(6);
+  for (int t = 0; t < 6; ++t) {
+    w[t].resize(static_cast<size_t>(rows[t] * cols[t]));
+    for (size_t i = 0; i < w[t].size(); ++i) w[t][i] = static_cast<uint16_t>((i * 2654435761u + 40503u * t) >> 7);
+  }
+  const std::vector<engine::DerivedCopy> copies = decode_layers_pack_copies(plan, {0, 1, 2, 3, 4, 5});
+  std::vector<uint16_t> packed(static_cast<size_t>(decode_layers_packed_elems(s)), 0xdead);
+  std::vector<uint8_t> written(packed.size(), 0);
+  for (const engine::DerivedCopy& c : copies) {
+    ASSERT_LT(c.source, 6u);
+    ASSERT_EQ(c.offset % 16, 0u);
+    ASSERT_EQ(c.row_bytes % 16, 0u);
+    for (uint32_t r = 0; r < c.rows; ++r) {
+      const uint64_t src = c.offset + r * c.stride, dst = c.dst + uint64_t{r} * c.row_bytes;
+      ASSERT_LE(src + c.row_bytes, w[c.source].size() * 2);
+      ASSERT_LE(dst + c.row_bytes, packed.size() * 2);
+      std::memcpy(reinterpret_cast<uint8_t*>(packed.data()) + dst, reinterpret_cast<const uint8_t*>(w[c.source].data()) + src,
+                  c.row_bytes);
+      for (uint64_t e = dst / 2; e < (dst + c.row_bytes) / 2; ++e) ++written[e];
+    }
+  }
+  EXPECT_TRUE(std::all_of(written.begin(), written.end(), [](uint8_t n) { return n == 1; }))
+      << "every packed element written exactly once";
+  const int64_t a_region = 64 * 6, gu_region = a_region + I / 4, stages = gu_region + I / 8, elems = 8192;
+  auto head_dim_of = [](int64_t r, int64_t row) { return row < 4 ? 4 * r + row : 4 * r + 28 + row; };
+  int64_t bad = 0;
+  for (int64_t k = 0; k < stages; ++k)
+    for (int64_t e = 0; e < elems; ++e) {
+      uint16_t want;
+      if (k < a_region) {
+        const int64_t b = k / 6, kind = k % 6, r = b % 8, g = b / 8;
+        if (kind < 4) {
+          const int64_t row = e / H, col = e % H, d = head_dim_of(r, row);
+          const int64_t src = kind < 2 ? (2 * g + kind) * 64 + d : (kind == 2 ? 1024 : 1536) + g * 64 + d;
+          want = w[2][static_cast<size_t>(src * H + col)];
+        } else {
+          const int64_t row = 128 * r + 64 * (kind - 4) + e / 128, col = 2 * g * 64 + e % 128;
+          want = w[3][static_cast<size_t>(row * H + col)];
+        }
+      } else if (k < gu_region) {
+        const int64_t row = e / H, col = e % H, n = 4 * (k - a_region) + (row & 3);
+        const bool gate = row < 4;
+        const int64_t base = gate == gate_first ? 0 : I;
+        want = w[4][static_cast<size_t>((base + n) * H + col)];
+      } else {
+        const int64_t row = e / 8, col = 8 * (k - gu_region) + e % 8;
+        want = w[5][static_cast<size_t>(row * I + col)];
+      }
+      bad += packed[static_cast<size_t>(k * elems + e)] != want;
+    }
+  for (int64_t which = 0; which < 2; ++which)
+    for (int64_t j = 0; j < H; ++j) bad += packed[static_cast<size_t>(stages * elems + which * H + j)] != w[which][j];
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(DecodeLayersKernel, LoadTimeCopiesLayTheWeightsOutAsTheKernelReadsThem) {
+  check_packing(true);
+  check_packing(false);  // up before gate in the merged weight
 }
 
 }  // namespace
