@@ -39,11 +39,17 @@ class TestLowerContext : public ops::LowerContext {
   uint32_t tensor(int value) const override { return static_cast<uint32_t>(value); }
   std::string kernel_name(const std::string& prefix) override { return prefix + "_test"; }
   void add_source(const std::string& source) override { source_ += source; }
+  void add_module_source(const std::string&, const std::string& source, uint32_t) override { source_ += source; }
+  uint32_t add_derived_weight(engine::DerivedWeight, engine::DType, std::vector<int64_t>) override {
+    return 0x7fff0000u + added_++;
+  }
+  uint32_t add_state(const std::string&, uint64_t) override { return 0x7fff0000u + added_++; }
   const std::string& source() const { return source_; }
 
  private:
   const ir::Graph& g_;
   std::string source_;
+  uint32_t added_ = 0;  // tensors the plan added (derived weights, states), numbered past any value
 };
 
 }  // namespace kiln::testing
