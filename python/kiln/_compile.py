@@ -279,6 +279,7 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     constant_methods: dict[str, Any] | None = None,
     overlap_launches: bool = True,
     shape_buckets: Sequence[int] | None = None,
+    persistent_decode: bool = False,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
@@ -317,6 +318,16 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         predecessor before it waits: a matrix-vector product loads its first
         weights, a decode attention prefetches its KV-cache rows into L2.
         False: classic launches (and kernels without the wait).
+      persistent_decode: a Llama-style language model's decode layers (batch
+        1, one new token, bf16 or fp16, hidden size 1024, head_dim 64, two
+        query heads a kv head) become ONE persistent kernel instead of six
+        kernels a layer: clusters of 8 blocks do the attention half, every
+        block the MLP half, with two grid-wide dependencies a layer; the
+        layers' weights are repacked into a second copy at load. Needs every
+        target SM to be sm_90 or newer, and a GPU where the kernel's grid is
+        co-resident (the load says so otherwise). What it cannot fold keeps
+        the usual plan, with the reason in the progress log. Default False
+        (docs/design_llm.md).
       debug_dir: when given, the IR after every compiler pass is written to
         <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
       model_id: names this model in its weights' keys in the program's named
@@ -338,20 +349,20 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
                       debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods,
                       gemv_kernels=gemv_kernels, overlap_launches=overlap_launches,
-                      shape_buckets=shape_buckets)
+                      shape_buckets=shape_buckets, persistent_decode=persistent_decode)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
                use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
                model_id=None, constant_methods=None, gemv_kernels=True, overlap_launches=True,
-               shape_buckets=None) -> CompiledProgram:
+               shape_buckets=None, persistent_decode=False) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     programs, given_dict = check_programs(exported_program, caller)
     constant_methods = check_constant_methods(caller, constant_methods, programs)
     check_not_per_method(caller, enabled_precisions=enabled_precisions, min_block_size=min_block_size,
                          target_sms=target_sms, use_cuda_graphs=use_cuda_graphs, conv_gemm=conv_gemm,
                          depthwise_kernels=depthwise_kernels, gemv_kernels=gemv_kernels, debug_dir=debug_dir,
-                         overlap_launches=overlap_launches,
+                         overlap_launches=overlap_launches, persistent_decode=persistent_decode,
                          model_id=model_id)
     model_id = _weights.check_model_id(model_id) if model_id is not None else _weights.default_model_id(programs)
     options = validate_options(
@@ -363,6 +374,7 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         depthwise_kernels=depthwise_kernels,
         gemv_kernels=gemv_kernels,
         overlap_launches=overlap_launches,
+        persistent_decode=persistent_decode,
         debug_dir=debug_dir,
         weights_prefix=_weights.key_prefix(model_id),
         shape_buckets=shape_buckets,
@@ -540,6 +552,7 @@ def _save(compiled: CompiledProgram, path, use_cuda_graphs, backend_config, ptd_
             depthwise_kernels=compiled.options.depthwise_kernels,
             gemv_kernels=compiled.options.gemv_kernels,
             overlap_launches=compiled.options.overlap_launches,
+            persistent_decode=compiled.options.persistent_decode,
             debug_dir=compiled.options.debug_dir,
             weights_prefix=compiled.options.weights_prefix,
             shape_buckets=compiled.options.shape_buckets,

@@ -80,6 +80,9 @@ class KilnOptions:
     # their predecessor on the GPU, so each launch overlaps the previous
     # kernel (codegen/grid_dependency.h); recorded, read by the runtime.
     overlap_launches: bool = True
+    # A language model's decode layers as one persistent kernel (sm_90+
+    # targets only; passes/fold_decode_layers.cpp); off by default.
+    persistent_decode: bool = False
     # A folder for the IR after each compiler pass ("" = none); each
     # partition gets a subfolder. Not stored in the .pte.
     debug_dir: str = ""
@@ -107,7 +110,7 @@ class KilnOptions:
             CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
             CompileSpec("gemv_kernels", b"1" if self.gemv_kernels else b"0"),
             CompileSpec("overlap_launches", b"1" if self.overlap_launches else b"0"),
-        ] + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else []) + ([CompileSpec("shape_buckets", ",".join(map(str, self.shape_buckets)).encode())] if self.shape_buckets else [])
+        ] + ([CompileSpec("persistent_decode", b"1")] if self.persistent_decode else []) + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else []) + ([CompileSpec("shape_buckets", ",".join(map(str, self.shape_buckets)).encode())] if self.shape_buckets else [])
 
     @staticmethod
     def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
@@ -138,6 +141,8 @@ class KilnOptions:
                 values["gemv_kernels"] = text == "1"
             elif spec.key == "overlap_launches":
                 values["overlap_launches"] = text == "1"
+            elif spec.key == "persistent_decode":
+                values["persistent_decode"] = text == "1"
             elif spec.key == "debug_dir":
                 values["debug_dir"] = text
             elif spec.key == "weights_prefix":
@@ -160,6 +165,7 @@ class KilnOptions:
             depthwise_kernels=values.get("depthwise_kernels", True),
             gemv_kernels=values.get("gemv_kernels", True),
             overlap_launches=values.get("overlap_launches", True),
+            persistent_decode=values.get("persistent_decode", False),
             debug_dir=values.get("debug_dir", ""),
             weights_prefix=values.get("weights_prefix", ""),
             shape_buckets=values.get("shape_buckets", None),
@@ -208,6 +214,7 @@ def validate_options(
     cubin_sms: Any = None,
     overlap_launches: Any = True,
     shape_buckets: Any = None,
+    persistent_decode: Any = False,
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument.
@@ -289,6 +296,8 @@ def validate_options(
         raise TypeError(f"gemv_kernels: expected a bool, got {type(gemv_kernels).__name__}")
     if not isinstance(overlap_launches, bool):
         raise TypeError(f"overlap_launches: expected a bool, got {type(overlap_launches).__name__}")
+    if not isinstance(persistent_decode, bool):
+        raise TypeError(f"persistent_decode: expected a bool, got {type(persistent_decode).__name__}")
     if debug_dir is None:
         debug_dir = ""
     if not isinstance(debug_dir, (str, os.PathLike)):
@@ -314,6 +323,7 @@ def validate_options(
         depthwise_kernels=depthwise_kernels,
         gemv_kernels=gemv_kernels,
         overlap_launches=overlap_launches,
+        persistent_decode=persistent_decode,
         debug_dir=debug_dir,
         weights_prefix=weights_prefix,
         shape_buckets=tuple(sorted(set(shape_buckets))),

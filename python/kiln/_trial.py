@@ -206,6 +206,7 @@ def _native_compile(built, options, progress, name_weights="", return_weights=Fa
         depthwise_kernels=options.depthwise_kernels,
         gemv_kernels=options.gemv_kernels,
         overlap_launches=options.overlap_launches,
+        persistent_decode=options.persistent_decode,
         debug_dir=_compile_debug_dir(options.debug_dir),
         name_weights=name_weights,
         return_weights=return_weights,

@@ -29,6 +29,7 @@ def export(
     constant_methods: dict[str, Any] | None = None,
     overlap_launches: bool = True,
     shape_buckets: Sequence[int] | None = None,
+    persistent_decode: bool = False,
 ) -> EdgeProgramManager:
     """Lowers `exported_program` (one ExportedProgram, or a dict method name
     -> ExportedProgram for a multi-method program) with KilnPartitioner; same
@@ -40,4 +41,4 @@ def export(
                       depthwise_kernels=depthwise_kernels, debug_dir=debug_dir,
                       model_id=model_id, constant_methods=constant_methods,
                       gemv_kernels=gemv_kernels, overlap_launches=overlap_launches,
-                      shape_buckets=shape_buckets).edge_program_manager
+                      shape_buckets=shape_buckets, persistent_decode=persistent_decode).edge_program_manager

@@ -85,7 +85,8 @@ nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, 
                       std::vector<std::string> enabled_precisions, int use_cuda_graphs,
                       nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
                       const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms,
-                      bool overlap_launches, const std::string& name_weights, bool return_weights) {
+                      bool overlap_launches, const std::string& name_weights, bool return_weights,
+                      bool persistent_decode) {
   if (return_weights && name_weights.empty())
     throw nb::value_error("compile: return_weights needs name_weights (a key prefix)");
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
@@ -101,6 +102,7 @@ nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, 
   options.op_options.conv_gemm = ops::parse_conv_gemm(conv_gemm);
   options.op_options.depthwise_kernels = depthwise_kernels;
   options.op_options.gemv_kernels = gemv_kernels;
+  options.op_options.persistent_decode = persistent_decode;
   options.overlap_launches = overlap_launches;
   options.debug_dir = debug_dir;
   options.weights_named_as = name_weights;
@@ -225,7 +227,7 @@ NB_MODULE(_kiln_compiler, m) {
         "use_cuda_graphs"_a = -1, "progress"_a = nb::none(), "conv_gemm"_a = "all",
         "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
         "cubin_sms"_a = std::vector<uint32_t>{}, "overlap_launches"_a = true, "name_weights"_a = "",
-        "return_weights"_a = false,
+        "return_weights"_a = false, "persistent_decode"_a = false,
         "Compiles a Graph into serialized engine bytes. Raises CompileError.\n"
         "cubin_sms: the SMs that get a cubin (empty: each of target_sms).\n"
         "name_weights: a key prefix: the weights are named with it and left out of the engine.\n"

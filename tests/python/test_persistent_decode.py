@@ -1,0 +1,103 @@
+"""kiln.compile(persistent_decode=True) on the CPU machine: a Llama decode step of the shape the
+persistent kernel takes (hidden 1024, head_dim 64, two query heads a kv head, bf16) becomes one
+decode-layers step (a persistent kernel step in an sm_90-only module, the packed weights made at
+load, a sync state of its own) beside the embedding, lm_head and argmax; what it cannot take keeps
+the usual plan with the reason in the export log. The step's numerics are checked on the GPU
+(benchmarks/micro/decode_layers_persistent.cu runs its source; the generation example its engine)."""
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "llm_generate"))
+import llama_kv  # noqa: E402
+from llama_kv import KVLlama, LlamaSize  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln.inspect import inspect_pte  # noqa: E402
+
+pytestmark = pytest.mark.needs_compiler
+
+# The benchmark model's layer shape, two layers, a small vocabulary.
+LAYERS = 2
+SHAPE = LlamaSize(hidden=1024, intermediate=4096, layers=LAYERS, heads=16, kv_heads=8, vocab=512)
+MAX_LEN = 96
+
+
+def decode_program(size: LlamaSize, dtype=torch.bfloat16, max_len=MAX_LEN):
+    llama_kv.SIZES["_persistent_test"] = size
+    try:
+        lm = llama_kv.build_hf("_persistent_test", seed=5, dtype=dtype)
+    finally:
+        del llama_kv.SIZES["_persistent_test"]
+    model = KVLlama(lm, max_len).eval()
+    return torch.export.export(model, (torch.tensor([[3]]), torch.tensor([7])))
+
+
+def compile_decode(program, capsys, **options):
+    compiled = kiln.compile({"decode": program}, **options)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "persistent_decode" in line]
+    return compiled, lines
+
+
+@pytest.fixture(scope="module")
+def bench_decode():
+    return decode_program(SHAPE)
+
+
+# A short cache: the attention is one kernel a layer (five steps a layer); a long one: split over
+# the keys with a combine (six). Both fold, and the mask and cos/sin gathers go with them.
+@pytest.mark.parametrize("max_len,per_layer", [(MAX_LEN, 5), (768, 6)])
+def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
+    program = decode_program(SHAPE, max_len=max_len)
+    compiled, lines = compile_decode(program, capsys, target_sms=[90], persistent_decode=True)
+    assert lines == [f"kiln: persistent_decode: the decode layers are one persistent kernel "
+                     f"({per_layer * LAYERS + 4} steps -> 1)"]
+    pte = tmp_path / "decode.pte"
+    kiln.save(compiled, pte)
+    (engine,) = inspect_pte(pte)["engines"]
+    labels = [s["label"] for s in engine["steps"]]
+    assert labels == ["embedding", "decode_layers", "rms_norm+linear", "argmax"]
+    step = engine["steps"][1]
+    assert step["min_blocks"] > 0 and step["grid"][0] >= step["min_blocks"] and step["block"] == [288, 1, 1]
+    module = engine["modules"][step["module"]]
+    assert module["name"] == step["function"] and module["sms"] == [90]
+    # The packed copy: every layer weight once (q|k|v, o, gate|up, down) and the two norms.
+    per_layer = 1024 * (2048 + 1024 + 8192) + 4096 * 1024 + 2 * 1024
+    (derived,) = engine["derived_weights"]
+    assert derived["nbytes"] == 2 * LAYERS * per_layer
+    assert derived["copies"] > 0 and derived["copied_bytes"] == derived["nbytes"]
+    states = [t["name"] for t in engine["tensors"] if t["storage"] == "state"]
+    assert len(states) == 2 * LAYERS + 1  # the caches and the sync area
+    assert sum(name.endswith("/decode_layers_sync") for name in states) == 1
+
+
+def test_not_without_the_option(bench_decode, capsys):
+    compiled, lines = compile_decode(bench_decode, capsys, target_sms=[90])
+    assert lines == []
+
+
+@pytest.mark.parametrize("case", ["older_sm", "hidden", "fp32"])
+def test_what_it_cannot_take_keeps_the_usual_plan(case, capsys):
+    if case == "older_sm":
+        program, targets, says = decode_program(SHAPE), [87, 90], "every target SM to be sm_90 or newer (the oldest is sm_87)"
+    elif case == "hidden":
+        small = LlamaSize(hidden=512, intermediate=1024, layers=1, heads=8, kv_heads=4, vocab=256)
+        program, targets, says = decode_program(small), [90], "hidden size 512 (this version takes 1024)"
+    else:
+        program, targets, says = decode_program(SHAPE, torch.float32), [90], "bf16 or fp16"
+    compiled, lines = compile_decode(program, capsys, target_sms=targets, persistent_decode=True)
+    assert len(lines) == 1 and "not applied" in lines[0] and says in lines[0], lines
+    assert compiled.summary.ops_on_cpu == {}
+
+
+def test_option_is_checked():
+    with pytest.raises(TypeError, match="persistent_decode: expected a bool"):
+        kiln.compile({"decode": decode_program(LlamaSize(64, 128, 1, 4, 2, 64), torch.float32)},
+                     persistent_decode="yes")
