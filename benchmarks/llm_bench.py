@@ -6,6 +6,10 @@ greedy decode of N new tokens, three ways in one run:
   kiln        examples/llm_generate's C++ loop on the exported .pte + .ptd
               (prefill and decode methods, KV cache in engine state, CUDA
               graphs), timed host to host by the example itself.
+  kiln_persistent  the same loop on the bundle's persistent_decode/ program
+              (kiln.compile's persistent_decode: the decode layers as one
+              persistent kernel, sm_90 only), same weights; reported as
+              failed with the reason when the bundle has none.
   hf_eager    Hugging Face `generate` (greedy, its default dynamic cache), eager.
   compile_ro  the same static-cache forward Kiln exports (KVLlama: prefill
               once, then one decode call per token, the token fed back on the
@@ -69,8 +73,11 @@ def roofline_tokens_per_s(manifest: dict, itemsize: int, bytes_per_s: float = H2
     return bytes_per_s / total, total
 
 
-def run_kiln(args, bundle: Path, manifest: dict) -> dict:
-    cmd = [args.binary, "--model", str(bundle / manifest["pte"]), "--data_path", str(bundle / manifest["ptd"]),
+def run_kiln(args, bundle: Path, manifest: dict, program: Path | None = None) -> dict:
+    program = program or bundle / manifest["pte"]
+    if not program.exists():
+        raise FileNotFoundError(f"{program} is not in the bundle")
+    cmd = [args.binary, "--model", str(program), "--data_path", str(bundle / manifest["ptd"]),
            "--prompt_file", str(bundle / "prompt.txt"), "--new_tokens", str(manifest["new_tokens"]),
            "--warmup", str(args.warmup), "--runs", str(args.runs)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -152,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", type=Path, required=True, help="manifest.json, .pte, prompt.txt, recipe/")
     parser.add_argument("--binary", required=True, help="llm_generate")
-    parser.add_argument("--peers", default="kiln,hf_eager,compile_ro")
+    parser.add_argument("--peers", default="kiln,kiln_persistent,hf_eager,compile_ro")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout", type=int, default=300)
@@ -182,6 +189,8 @@ def main() -> None:
         try:
             if peer == "kiln":
                 r = run_kiln(args, args.bundle, manifest)
+            elif peer == "kiln_persistent":
+                r = run_kiln(args, args.bundle, manifest, args.bundle / "persistent_decode" / manifest["pte"])
             else:
                 if lm is None:
                     lm = build_hf(manifest["size"], manifest["seed"], dtype).cuda()

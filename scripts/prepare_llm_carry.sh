@@ -8,7 +8,8 @@
 #   $carry/llm/fp16   the same in float16, weights inside the .pte (xz)
 #   $carry/llm_bench  (with --bench) the 410M benchmark model, bfloat16,
 #                     prompt 512 + 256 new tokens, weights as a recipe;
-#                     llm_bench/classic_launch/ the same with overlap_launches=False
+#                     llm_bench/classic_launch/ the same with overlap_launches=False,
+#                     llm_bench/persistent_decode/ with persistent_decode (sm_90 only)
 # Then, on the GPU machine: scripts/gpu_check.sh runs tests/gpu/llm_generate_test.py
 # on $carry/llm; scripts/gpu_llm.sh benchmarks $carry/llm_bench.
 # Usage: bash scripts/prepare_llm_carry.sh [--bench]   (KILN_GPU_BUNDLE, default .gpu_carry)
@@ -58,5 +59,10 @@ if [ "${1:-}" = "--bench" ]; then
     --external-weights --no-overlap-launches --out "$work/bench_classic"
   mkdir -p "$carry/llm_bench/classic_launch"
   cp "$work/bench_classic/llama_bench_bfloat16.pte" "$carry/llm_bench/classic_launch/"
+  # The same model with the decode layers as one persistent kernel (sm_90 only); same weights.
+  python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
+    --external-weights --persistent-decode --target-sms 90 --out "$work/bench_persistent"
+  mkdir -p "$carry/llm_bench/persistent_decode"
+  cp "$work/bench_persistent/llama_bench_bfloat16.pte" "$carry/llm_bench/persistent_decode/"
 fi
 du -sh "$carry"/llm/* ${1:+"$carry/llm_bench"}

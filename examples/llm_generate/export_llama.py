@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-overlap-launches", action="store_true",
                    help="kiln.compile(overlap_launches=False): classic kernel launches (for an A/B)")
     p.add_argument("--target-sms", default="87,90")
+    p.add_argument("--persistent-decode", action="store_true",
+                   help="the decode layers as one persistent kernel (kiln.compile's persistent_decode; "
+                        "needs --target-sms of sm_90 or newer only)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.prompt_len < 1 or args.new_tokens < 1:
@@ -114,7 +117,8 @@ def main(argv=None) -> None:
           f"{time.time() - t0:.1f} s", flush=True)
     compiled = kiln.compile(
         programs, target_sms=[int(s) for s in args.target_sms.split(",")],
-        use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
+        use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches,
+        persistent_decode=args.persistent_decode, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
         shape_buckets=prefill_sizes, constant_methods=constants)
     if compiled.summary.ops_on_cpu:
         raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")
