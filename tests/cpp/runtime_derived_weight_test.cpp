@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "codegen/nvrtc_compiler.h"
+#include "engine_desc_builder.h"
 #include "engine_format/engine_format.h"
 #include "runtime/device.h"
 #include "runtime/engine.h"
@@ -134,20 +135,7 @@ TEST(DerivedWeightKernels, CompileWithNvrtc) {
   EXPECT_TRUE(compile("persistent", persistent_source(false), 90, &m));
 }
 
-uint32_t add_tensor(EngineDesc& d, const std::string& name, DType dtype, std::vector<int64_t> shape,
-                    StorageKind storage, uint32_t io, uint64_t offset) {
-  engine::TensorDesc t;
-  t.name = name;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.storage = storage;
-  t.io_index = io;
-  t.offset = offset;
-  t.nbytes = engine::dtype_size(dtype);
-  for (int64_t s : t.shape) t.nbytes *= static_cast<uint64_t>(s);
-  d.tensors.push_back(t);
-  return static_cast<uint32_t>(d.tensors.size() - 1);
-}
+using testing::add_tensor;  // engine_desc_builder.h
 
 engine::Step kernel_step(const std::string& label, const std::string& function, uint32_t grid, uint32_t block,
                          std::vector<engine::KernelArg> args) {

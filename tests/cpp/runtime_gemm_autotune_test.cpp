@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "engine_desc_builder.h"
 #include "runtime/conv_algo_cache.h"
 #include "runtime/device.h"
 #include "runtime/engine.h"
@@ -242,17 +243,7 @@ TEST(RuntimeLog, DebugMessagesReachAnInstalledSink) {
 uint32_t add_tensor(engine::EngineDesc& d, std::vector<int64_t> shape,
                     engine::StorageKind storage, uint32_t io, uint64_t offset,
                     DType dtype = DType::kFloat32) {
-  engine::TensorDesc t;
-  t.name = "t" + std::to_string(d.tensors.size());
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.storage = storage;
-  t.io_index = io;
-  t.offset = offset;
-  t.nbytes = engine::dtype_size(dtype);
-  for (int64_t s : t.shape) t.nbytes *= static_cast<uint64_t>(s);
-  d.tensors.push_back(t);
-  return static_cast<uint32_t>(d.tensors.size() - 1);
+  return testing::add_tensor(d, "t" + std::to_string(d.tensors.size()), dtype, std::move(shape), storage, io, offset);
 }
 
 std::vector<float> random_floats(std::mt19937& rng, size_t n) {
