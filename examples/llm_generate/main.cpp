@@ -5,7 +5,11 @@
 //
 //   llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]
 //                [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]
-//                [--warmup W] [--runs R]
+//                [--warmup W] [--runs R] [--force F]
+//
+// --force F (teacher forcing): decode step i is fed token i of F (ids, as --prompt) instead of the
+// token the program chose, so two programs (or a program and PyTorch) can be compared logit by
+// logit along the same history; the tokens printed are still each step's own choice.
 //
 // Each method takes (tokens int64 [1, T], positions int64 [T]) and returns
 // the next token (int64 [1], argmax on the GPU) and, when exported with
@@ -47,7 +51,7 @@ namespace {
 constexpr const char* kKiln = "KilnBackend";
 
 struct Flags {
-  std::string model, data_path, prompt, prompt_file, expect, logits_out;
+  std::string model, data_path, prompt, prompt_file, expect, logits_out, force;
   int new_tokens = 64;
   int warmup = 0, runs = 1;  // whole generations; timings are medians over `runs`
   bool cuda_graphs = true;
@@ -57,7 +61,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]\n"
                "                    [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]\n"
-               "                    [--warmup W] [--runs R]\n");
+               "                    [--warmup W] [--runs R] [--force F]\n");
 }
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -78,6 +82,7 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--prompt_file" && value(&f->prompt_file)) continue;
     if (a == "--expect" && value(&f->expect)) continue;
     if (a == "--logits_out" && value(&f->logits_out)) continue;
+    if (a == "--force" && value(&f->force)) continue;
     if (a == "--no_cuda_graphs") {
       f->cuda_graphs = false;
       continue;
@@ -261,6 +266,16 @@ int main(int argc, char** argv) {
   } else if (!parse_ids(text, "prompt", &prompt)) {
     return 2;
   }
+  std::vector<int64_t> forced;  // --force: the tokens fed to the decode steps
+  if (!flags.force.empty()) {
+    std::string force_text;
+    if (!read_file(flags.force, &force_text) || !parse_ids(force_text, flags.force, &forced)) return 2;
+    if (static_cast<int64_t>(forced.size()) < flags.new_tokens - 1) {
+      std::fprintf(stderr, "llm_generate: --force %s has %zu tokens; %d new tokens feed %d\n", flags.force.c_str(),
+                   forced.size(), flags.new_tokens, flags.new_tokens - 1);
+      return 2;
+    }
+  }
   const std::vector<int64_t> chunk_sizes = prefill_sizes(module);
   if (chunk_sizes.empty() && static_cast<int64_t>(prompt.size()) != prompt_len) {
     std::fprintf(stderr, "llm_generate: the prompt has %zu tokens; this program's prefill takes exactly %lld "
@@ -331,7 +346,8 @@ int main(int argc, char** argv) {
     tokens.push_back(next);
     if (last) before = read_counters();
     for (int i = 1; i < flags.new_tokens; ++i) {
-      if (!gen.step("decode", {next}, {prompt_len + i - 1}, &next)) return 1;
+      const int64_t fed = forced.empty() ? next : forced[static_cast<size_t>(i - 1)];
+      if (!gen.step("decode", {fed}, {prompt_len + i - 1}, &next)) return 1;
       tokens.push_back(next);
     }
     const auto t2 = clock::now();

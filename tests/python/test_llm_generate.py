@@ -130,6 +130,16 @@ def test_example_checks_inputs_then_needs_a_gpu(exported):
     assert ok.returncode == 3 and "needs an NVIDIA GPU" in ok.stderr
     usage = subprocess.run([str(BINARY), "--new_tokens", "0"], capture_output=True, text=True)
     assert usage.returncode == 2 and "--new_tokens '0' is not a count >= 1" in usage.stderr
+    # --force (teacher forcing) needs a token for every decode step.
+    forced = exported / "forced.txt"
+    forced.write_text("5,6,7\n")
+    few = subprocess.run(base + ["--prompt_file", str(exported / "prompt.txt"), "--new_tokens", "9",
+                                 "--force", str(forced)], capture_output=True, text=True)
+    assert few.returncode == 2 and "has 3 tokens; 9 new tokens feed 8" in few.stderr
+    forced.write_text(",".join(str(t) for t in range(1, 9)) + "\n")
+    enough = subprocess.run(base + ["--prompt_file", str(exported / "prompt.txt"), "--new_tokens", "9",
+                                    "--force", str(forced)], capture_output=True, text=True)
+    assert enough.returncode == 3 and "needs an NVIDIA GPU" in enough.stderr
 
 
 def test_dynamic_prefill_lists_its_sizes_and_takes_any_prompt_length(tmp_path):
