@@ -305,7 +305,8 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
     if (g && g->gemv && !g->loop_members.empty()) break;
     ++start;
   }
-  if (start == plan.ops.size()) return not_folded("no decode layer (a q|k|v product running the rotary and cache writes)");
+  if (start == plan.ops.size())
+    return not_folded("nothing to fold here: no one-token decode layer (a prefill method has none)");
   Matcher m(graph, plan);
   const GemmPlan& first = *plan.ops[start].as<GemmPlan>();
   const ir::Value& x0 = graph.value(first.a);

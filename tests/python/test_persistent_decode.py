@@ -78,6 +78,18 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     assert sum(name.endswith("/decode_layers_sync") for name in states) == 1
 
 
+def test_a_prefill_says_there_is_nothing_to_fold(capsys):
+    llama_kv.SIZES["_persistent_test"] = SHAPE
+    try:
+        lm = llama_kv.build_hf("_persistent_test", seed=5, dtype=torch.bfloat16)
+    finally:
+        del llama_kv.SIZES["_persistent_test"]
+    prefill = torch.export.export(KVLlama(lm, MAX_LEN).eval(), (torch.tensor([[3, 4, 5, 6]]), torch.arange(4)))
+    _, lines = compile_decode(prefill, capsys, target_sms=[90], persistent_decode=True)
+    assert lines == ["kiln: persistent_decode: not applied: nothing to fold here: no one-token decode layer "
+                     "(a prefill method has none)"]
+
+
 def test_not_without_the_option(bench_decode, capsys):
     compiled, lines = compile_decode(bench_decode, capsys, target_sms=[90])
     assert lines == []
