@@ -10,8 +10,8 @@
 namespace kiln::ops {
 namespace {
 
-constexpr int64_t kStageBytes = 16384;
-constexpr int64_t kCluster = 8;
+constexpr int64_t kStageBytes = kDecodeLayersStageBytes;
+constexpr int64_t kCluster = kDecodeLayersCluster;
 constexpr int64_t kMaxTasks = 16;  // a block's MLP tasks a layer (its S.h staging)
 
 // Bytes of the block's state beside the ring: the source's struct Smem (16.5 KB with 13 stages),
@@ -664,6 +664,12 @@ std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLay
     return buf;
   }
   return "";
+}
+
+int64_t decode_layers_fewest_blocks(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o) {
+  for (int64_t blocks = s.kv_heads * kCluster; blocks <= kDecodeLayersMaxClusters * kCluster; blocks += kCluster)
+    if (decode_layers_grid_unfit(s, o, blocks).empty()) return blocks;
+  return 0;
 }
 
 int64_t decode_layers_stages_per_layer(const DecodeLayersShape& s) {

@@ -32,6 +32,12 @@
 
 namespace kiln::ops {
 
+// The kernel's layout: blocks in clusters of 8, weights and cached rows in 16 KB stages.
+constexpr int64_t kDecodeLayersCluster = 8;
+constexpr int64_t kDecodeLayersStageBytes = 16384;
+// The most clusters the step's grid may have (the runtime launches as many as are co-resident).
+constexpr int64_t kDecodeLayersMaxClusters = 32;
+
 struct DecodeLayersShape {
   int64_t hidden = 0, intermediate = 0, layers = 0;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
@@ -62,6 +68,8 @@ struct DecodeLayersKernelOptions {
 // all be co-resident: the caller checks that against the GPU.
 std::string decode_layers_grid_unfit(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& options,
                                      int64_t blocks);
+// The fewest blocks of at most kDecodeLayersMaxClusters clusters that can run it (0: none can).
+int64_t decode_layers_fewest_blocks(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& options);
 
 // The kernel `name`'s CUDA source (no headers needed; NVRTC or nvcc, sm_90+).
 std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& options,

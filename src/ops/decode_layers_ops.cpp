@@ -1,15 +1,14 @@
 // The decode-layers step's lowering (decode_layers_ops.h).
 #include "ops/decode_layers_ops.h"
 
-#include <algorithm>
 
 #include "ir/graph.h"
 
 namespace kiln::ops {
 namespace {
 
-constexpr uint64_t kStageBytes = 16384;
-constexpr int64_t kCluster = 8;
+constexpr uint64_t kStageBytes = kDecodeLayersStageBytes;
+constexpr int64_t kCluster = kDecodeLayersCluster;
 
 // Head dim of a phase-A block's w-th q|k|v row: 4 dims and their rotary partners half a head away
 // (the kernel's head_dim_of).
@@ -95,13 +94,11 @@ void DecodeLayersPlan::lower(LowerContext& ctx, engine::Step& step) const {
       ctx.add_derived_weight(std::move(packed), shape.dtype, {decode_layers_packed_elems(shape)});
   const uint32_t sync = ctx.add_state(sync_key, static_cast<uint64_t>(decode_layers_sync_bytes(shape)));
 
-  // The grid: as many clusters as are co-resident (the runtime decides, up to 32), at least the
-  // fewest that can split the MLP tasks.
-  int64_t fewest = 0;
-  for (int64_t blocks = shape.kv_heads * kCluster; blocks <= 32 * kCluster && fewest == 0; blocks += kCluster)
-    if (decode_layers_grid_unfit(shape, kernel, blocks).empty()) fewest = blocks;
+  // The grid: as many clusters as are co-resident (the runtime decides, up to the most), at least
+  // the fewest that can split the MLP tasks.
+  const int64_t fewest = decode_layers_fewest_blocks(shape, kernel);
   if (fewest == 0) throw CompileError("internal: no grid of at most 32 clusters fits the decode-layers step");
-  ks.grid[0] = static_cast<uint32_t>(std::max<int64_t>(fewest, 32 * kCluster));
+  ks.grid[0] = static_cast<uint32_t>(kDecodeLayersMaxClusters * kCluster);
   ks.min_blocks = static_cast<uint32_t>(fewest);
   ks.block[0] = 288;
   ks.shared_bytes = static_cast<uint32_t>(decode_layers_shared_bytes(kernel));

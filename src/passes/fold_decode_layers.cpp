@@ -82,7 +82,7 @@ class Matcher {
     const ops::StateScatterPlan* wk = g1->loop_members[1].as<ops::StateScatterPlan>();
     const ops::StateScatterPlan* wv = g1->loop_members[2].as<ops::StateScatterPlan>();
     require(rq && wk && wv, "q|k|v's members are not q's rotary and the k and v cache writes");
-    L.q_col = heads_map(rq->x_storage, rq->x_map, g1->out, shape_.heads, "q");
+    L.q_col = heads_map(rq->x_storage, rq->x_map, g1->out, "q");
     require(same_rotary(rq->cos, rq->sin), "q's rotary reads another cos/sin");
     L.k_col = cache_write(*wk, g1->out, true, &L.k_cache, &L.k_written);
     L.v_col = cache_write(*wv, g1->out, false, &L.v_cache, &L.v_written);
@@ -164,13 +164,12 @@ class Matcher {
     }
     return root(cos) == root(cos_) && root(sin) == root(sin_);
   }
-  // q/k/v of `heads` heads read from the merged product `storage` through `map` over
+  // q, k or v, head by head, read from the merged product `storage` through `map` over
   // [1, heads, 1, 64]: column base + h * 64 + d. Returns base.
-  int64_t heads_map(int storage, const codegen::AffineMap& map, int product, int64_t heads, const char* what) const {
+  int64_t heads_map(int storage, const codegen::AffineMap& map, int product, const char* what) const {
     require(storage >= 0 && root(storage) == root(product) && map.coef.size() == 4 && map.coef[1] == 64 &&
                 map.coef[3] == 1 && map.base >= 0 && map.base % 64 == 0,
             std::string(what) + " is not read from the q|k|v product head by head");
-    (void)heads;
     return map.base;
   }
   int64_t cache_write(const ops::StateScatterPlan& w, int product, bool rotary, int* cache, int* written) {
@@ -183,7 +182,7 @@ class Matcher {
     if (rotary) require(same_rotary(w.rotary_cos, w.rotary_sin), "k's rotary reads another cos/sin");
     *cache = w.state;
     *written = w.out;
-    return heads_map(w.values_storage, w.values_map, product, shape_.kv_heads, "k or v");
+    return heads_map(w.values_storage, w.values_map, product, "k or v");
   }
   // The gate|up epilogue: SiLU of one half times the other, as HF's bf16 MLP writes it
   // (x.float(), sigmoid, multiply, back to the dtype, times up). Returns whether the gate is the
@@ -360,10 +359,7 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   try {
     const std::string unsupported = ops::decode_layers_unsupported(dl.shape);
     m.require(unsupported.empty(), unsupported);
-    bool fits = false;
-    for (int64_t blocks = dl.shape.kv_heads * 8; blocks <= 256 && !fits; blocks += 8)
-      fits = ops::decode_layers_grid_unfit(dl.shape, dl.kernel, blocks).empty();
-    m.require(fits, "no grid of at most 32 clusters splits its MLP");
+    m.require(ops::decode_layers_fewest_blocks(dl.shape, dl.kernel) > 0, "no grid of at most 32 clusters splits its MLP");
     const ir::Value& pos = graph.value(dl.positions);
     m.require(pos.dtype == engine::DType::kInt64 && pos.numel() == 1 &&
                   std::find(graph.inputs().begin(), graph.inputs().end(), dl.positions) != graph.inputs().end(),
