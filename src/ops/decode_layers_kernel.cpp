@@ -41,6 +41,7 @@ constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
+constexpr bool kWarpNorm = @WARP_NORM@;
 typedef unsigned short T;  // @DTYPE@ storage
 
 __device__ __forceinline__ float2 pair(unsigned w) {  // two packed elements, low first
@@ -331,8 +332,13 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   auto row = [&](int p) { return p == kPhases ? fin : rows + ((ring0 + p) % 3) * kHidden; };
   // Phase p reads row(p) (p == 0: the embedding) and adds into row(p + 1), which block 0 zeroed at
   // the start of phase p-1, after every reader of it in phase p-2 had arrived; the previous
-  // launch's last phase zeroed this launch's first output row.
-  auto begin_phase = [&](int p, const T* gamma) {
+  // launch's last phase zeroed this launch's first output row. It ends with the normalized row in
+  // the warp's registers (xr, as load_x lays them out) and the raw row in S.xs (the residual).
+  auto begin_phase = [&](int p, const T* gamma, float (&xr)[32]) {
+    uint4 gm[4];  // kWarpNorm: this lane's 32 norm weights, read before the wait (they do not depend on it)
+    if (kWarpNorm)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) gm[j] = __ldg(reinterpret_cast<const uint4*>(gamma) + lane + 32 * j);
     if (p > 0 && tid == 0) {
       const unsigned* counter = sync + (p % 2 ? 0 : 1);
       const unsigned target = p % 2 ? base_a + (unsigned)(p / 2 + 1) * kABlocks : base_b + (unsigned)(p / 2) * nblocks;
@@ -344,6 +350,50 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     if (b == 0) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
       float* zero = p + 2 == kPhases ? fin : rows + ((ring0 + p + 2) % 3) * kHidden;
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
+    }
+    if (kWarpNorm) {  // every warp reads the whole row into its registers and normalizes it alone: no block barrier
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int v = lane + 32 * j;
+        if (p == 0) {
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(x_in) + v);
+          const unsigned e[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float2 f = pair(e[q]);
+            xr[8 * j + 2 * q] = f.x, xr[8 * j + 2 * q + 1] = f.y;
+          }
+        } else {
+          const float4 a = __ldcg(reinterpret_cast<const float4*>(row(p)) + 2 * v);
+          const float4 c4 = __ldcg(reinterpret_cast<const float4*>(row(p)) + 2 * v + 1);
+          xr[8 * j] = a.x, xr[8 * j + 1] = a.y, xr[8 * j + 2] = a.z, xr[8 * j + 3] = a.w;
+          xr[8 * j + 4] = c4.x, xr[8 * j + 5] = c4.y, xr[8 * j + 6] = c4.z, xr[8 * j + 7] = c4.w;
+        }
+      }
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) ss = fmaf(xr[i], xr[i], ss);
+      ss = warp_sum(ss);  // the same sum, in the same order, in every warp
+      if (warp == 0)  // the residual, read after a later consumers_sync
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float4* dst = reinterpret_cast<float4*>(S.xs) + 2 * (lane + 32 * j);
+          dst[0] = make_float4(xr[8 * j], xr[8 * j + 1], xr[8 * j + 2], xr[8 * j + 3]);
+          dst[1] = make_float4(xr[8 * j + 4], xr[8 * j + 5], xr[8 * j + 6], xr[8 * j + 7]);
+        }
+      const float rstd = rsqrtf(ss / kHidden + kEps);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const unsigned e[4] = {gm[j].x, gm[j].y, gm[j].z, gm[j].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 g2 = pair(e[q]);
+          xr[8 * j + 2 * q] = xr[8 * j + 2 * q] * rstd * g2.x;
+          xr[8 * j + 2 * q + 1] = xr[8 * j + 2 * q + 1] * rstd * g2.y;
+        }
+      }
+      mark(p, 1);
+      return;
     }
     float ss = 0.f;
     for (int j = tid; j < kHidden; j += kCT) {
@@ -361,6 +411,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     for (int j = tid; j < kHidden; j += kCT) S.xn[j] = S.xs[j] * rstd * ld1(gamma[j]);
     consumers_sync();
     mark(p, 1);
+    load_x(xr, S.xn, lane);
   };
   // The phase's arrival; the launch's last arrival of all converts the output row and advances
   // the epoch.
@@ -398,7 +449,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     int p = 2 * l;
     float* o_row = row(p + 1);
     if (has_a) {  // ---------------- phase A: kv head g, query heads 2g and 2g+1 ----------------
-      begin_phase(p, norms + (size_t)(2 * l) * kHidden);
+      float xr[32];
+      begin_phase(p, norms + (size_t)(2 * l) * kHidden, xr);
       // The cluster's exchanges in this phase are pushes (st.async) that complete these
       // barriers' byte counts: q|k|v, 32 floats from each block; the attention's partial states,
       // 2 x 64 outputs into S.xn (dead after load_x) and 2 x (max, sum) into S.loc.
@@ -406,8 +458,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         mbar_expect_bytes(&S.got_qkv, kCluster * 32 * 4);
         mbar_expect_bytes(&S.got_state, kCluster * (2 * kHeadDim + 4) * 4);
       }
-      float xr[32];
-      load_x(xr, S.xn, lane);
       {  // q (head 2g), q (2g+1), k, v, the four stages at once: warp w computes head dim head_dim_of(rank, w)
         const T* const qkv[4] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden, peek(2) + warp * kHidden,
                                  peek(3) + warp * kHidden};
@@ -556,9 +606,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     // ---------------- phase B: this block's intermediate columns, every block ----------------
     p = 2 * l + 1;
     o_row = row(p + 1);
-    begin_phase(p, norms + (size_t)(2 * l + 1) * kHidden);
     float xr[32];
-    load_x(xr, S.xn, lane);
+    begin_phase(p, norms + (size_t)(2 * l + 1) * kHidden, xr);
     for (int t = 0; t < tasks; t += 2) {  // a pair of tasks (two stages) at once; warp w < 4: gate column 4t+w, else up
       const T* const gu[2] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden};
       float v[2] = {0.f, 0.f};
@@ -698,6 +747,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
+  replace_all(src, "@WARP_NORM@", o.warp_norm ? "true" : "false");
   replace_all(src, "@DTYPE@", bf16 ? "bf16" : "fp16");
   replace_all(src, "@PAIR@",
               bf16 ? "  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));"

@@ -58,6 +58,10 @@ struct DecodeLayersKernelOptions {
   // >= 0: the copies in flight at most while the block's previous phase has not arrived yet (0:
   // none issued until it has), max_inflight otherwise; -1: max_inflight throughout.
   int release_inflight = -1;
+  // Each phase's RMSNorm in every warp: the warp reads the residual row straight into its registers
+  // and normalizes it itself (no block barrier, no shared-memory round trip); false: once a block,
+  // through shared memory.
+  bool warp_norm = false;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
