@@ -233,6 +233,14 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0;
   // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
   const int a_stages = has_a ? kAStages + kv_count : 0, per_layer = a_stages + tasks + down_stages;
+  // The rotary factors of this thread's head dim at position P, the same in every layer: read once
+  // here, not after each q|k|v product (a dependent global load on the layer's chain).
+  float rot_cos = 0.f, rot_sin = 0.f;
+  if (has_a && tid < 32) {
+    const int d = head_dim_of(rank, tid % 8);
+    rot_cos = ld1(cos_tab[(size_t)P * kHeadDim + d]);
+    rot_sin = ld1(sin_tab[(size_t)P * kHeadDim + d]);
+  }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&S.full[s], 1);
@@ -474,8 +482,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         float v = S.loc[tid];
         if (t < 3) {
           const float partner = S.loc[t * 8 + (w ^ 4)];
-          const float cs = ld1(cos_tab[(size_t)P * kHeadDim + d]), sn = ld1(sin_tab[(size_t)P * kHeadDim + d]);
-          v = w < 4 ? v * cs - partner * sn : v * cs + partner * sn;
+          v = w < 4 ? v * rot_cos - partner * rot_sin : v * rot_cos + partner * rot_sin;
         }
         if (t > 1) v = rounded(v);
         float* arr = t < 2 ? S.qf[t] : t == 2 ? S.kf : S.vf;
