@@ -177,6 +177,10 @@ class ExecutionContext {
   cudaEvent_t run_done_ = nullptr;
   bool run_pending_ = false;  // run_done_ marks a run the host has not waited for
 
+  // The last stream every step kind accepted (StepKindContext::check_stream).
+  cudaStream_t checked_stream_ = nullptr;
+  bool stream_checked_ = false;
+
   ContextStats stats_;
   StepProfiler profiler_;  // KILN_PROFILE_STEPS=1 only
 };

@@ -122,6 +122,12 @@ Status ExecutionContext::replay(const IoBuffer* inputs, const IoBuffer* outputs,
 
 Status ExecutionContext::execute_locked(const IoBuffer* inputs, const IoBuffer* outputs,
                                         cudaStream_t stream) {
+  if (!stream_checked_ || stream != checked_stream_) {
+    for (const std::unique_ptr<StepKindContext>& kind : kind_contexts_)
+      if (kind != nullptr) KILN_RETURN_IF_ERROR(kind->check_stream(stream));
+    checked_stream_ = stream;
+    stream_checked_ = true;
+  }
   void* arena = arena_;
   if (scratch_ != nullptr) {
     const size_t want = std::max<uint64_t>(engine_->desc().arena_bytes, 256);

@@ -89,6 +89,10 @@ class StepKindContext {
   virtual ~StepKindContext() = default;
   // The executor of step `step` (of this kind).
   virtual Result<std::unique_ptr<StepExecutor>> make_executor(size_t step, StepBinder& binder) = 0;
+  // Whether this kind's steps can run on `stream` (e.g. all of a persistent kernel's blocks fit
+  // on the SMs a green context's stream may use). Called by the context when a run's stream
+  // differs from the last one checked, so it may make a few CUDA calls; must not allocate.
+  virtual Status check_stream(cudaStream_t /*stream*/) { return Status::ok(); }
 };
 
 // What a kind prepared at load for every one of its steps (handles, plans);

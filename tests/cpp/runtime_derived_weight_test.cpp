@@ -37,6 +37,7 @@
 #include "codegen/nvrtc_compiler.h"
 #include "engine_desc_builder.h"
 #include "engine_format/engine_format.h"
+#include "green_context.h"
 #include "runtime/device.h"
 #include "runtime/engine.h"
 #include "runtime/execution_context.h"
@@ -500,6 +501,57 @@ TEST_P(PersistentGridGpu, MoreMinBlocksThanFitIsRefusedNamingTheStep) {
     EXPECT_NE(st.message().find(sub), std::string::npos) << "missing '" << sub << "' in: " << st.message();
   // The largest min_blocks that fits loads.
   EXPECT_TRUE(Engine::load(persistent_engine(module, fits), 0).is_ok());
+}
+
+// The grid chosen at load fills the whole GPU; a green context's stream holds fewer SMs, where the
+// blocks could never all be resident: execute refuses that stream, naming the step, and the same
+// context still runs on the whole GPU afterwards.
+TEST_P(PersistentGridGpu, AStreamWithTooFewSmsIsRefusedAtExecute) {
+  SKIP_WITHOUT_GPU();
+  const bool cluster = GetParam();
+  auto device = query_device(0);
+  ASSERT_TRUE(device.is_ok()) << device.status().to_string();
+  if (device->sm < 90) GTEST_SKIP() << "clusters need sm_90+; this GPU is sm_" << device->sm;
+  if (device->max_shared_per_block_optin < kPersistentShared)
+    GTEST_SKIP() << "needs " << kPersistentShared << " bytes of shared memory per block";
+  kiln::tools::DeviceSmInfo sms;
+  if (std::string why = kiln::tools::query_device_sms(&sms); !why.empty()) GTEST_SKIP() << "no green contexts: " << why;
+  std::unique_ptr<kiln::tools::GreenContext> green;
+  const unsigned few = std::max(sms.min_partition, std::min(16u, sms.sm_count / 4));
+  if (std::string why = kiln::tools::GreenContext::create(few, &green); !why.empty())
+    GTEST_SKIP() << "no green context of " << few << " SMs: " << why;
+  engine::KernelModule module;
+  ASSERT_TRUE(compile(cluster ? "persistent_cluster" : "persistent", persistent_source(cluster),
+                      static_cast<uint32_t>(device->sm), &module, /*grid_dependency=*/true));
+  auto loaded = Engine::load(persistent_engine(module, 2), 0);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  std::shared_ptr<const Engine> eng(std::move(loaded).value());
+  KernelStepLaunch launch;
+  ASSERT_TRUE(kernel_step_launch(*eng, 0, &launch));
+  ASSERT_GT(launch.grid[0], green->obtained_sms()) << "one block per SM: the green context cannot hold the grid";
+  auto ctx = ExecutionContext::create(eng);
+  ASSERT_TRUE(ctx.is_ok()) << ctx.status().to_string();
+  const uint32_t zero = 0;
+  std::vector<uint32_t> out(1 + kMaxGrid, 0);
+  uint32_t plain_out = 0;
+  const void* inputs[] = {&zero};
+  const size_t in_bytes[] = {4};
+  void* outputs[] = {out.data(), &plain_out};
+  const size_t out_bytes[] = {out.size() * 4, 4};
+  Status st = ctx.value()->execute_host(inputs, in_bytes, outputs, out_bytes, green->stream());
+  ASSERT_FALSE(st.is_ok()) << "ran " << launch.grid[0] << " waiting blocks on " << green->obtained_sms() << " SMs";
+  EXPECT_EQ(st.code(), StatusCode::kIncompatible) << st.to_string();
+  for (const std::string& sub : {std::string("step 0 ('persistent')"), "runs " + std::to_string(launch.grid[0]) + " blocks",
+                                 std::string("the SMs of the stream")})
+    EXPECT_NE(st.message().find(sub), std::string::npos) << "missing '" << sub << "' in: " << st.message();
+  EXPECT_EQ(out[0], 0u) << "nothing ran";
+  std::printf("green context of %u SMs: %s\n", green->obtained_sms(), st.message().c_str());
+  st = ctx.value()->execute_host(inputs, in_bytes, outputs, out_bytes, nullptr);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(out[0], launch.grid[0]);
+  uint32_t met = 0;
+  for (uint32_t b = 0; b < launch.grid[0]; ++b) met += out[1 + b] == 1;
+  EXPECT_EQ(met, launch.grid[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(ClusterAndPlain, PersistentGridGpu, ::testing::Bool(),

@@ -90,8 +90,12 @@ gtest_discover_tests(kiln_kernel_code_choice_tests)
 # the test kernels compile with NVRTC everywhere, the rest is skipped, with the
 # reason, without a GPU.
 if(TARGET kiln_codegen)
-  add_executable(kiln_runtime_derived_weight_tests runtime_derived_weight_test.cpp)
-  target_link_libraries(kiln_runtime_derived_weight_tests PRIVATE kiln_runtime kiln_codegen GTest::gtest_main)
+  # The runner's green contexts (driver entry points through cudart): a persistent step on a
+  # stream with too few SMs.
+  add_executable(kiln_runtime_derived_weight_tests runtime_derived_weight_test.cpp
+    ${PROJECT_SOURCE_DIR}/tools/kiln_runner/green_context.cpp)
+  target_include_directories(kiln_runtime_derived_weight_tests PRIVATE ${PROJECT_SOURCE_DIR}/tools/kiln_runner)
+  target_link_libraries(kiln_runtime_derived_weight_tests PRIVATE kiln_runtime kiln_codegen GTest::gtest_main CUDA::cudart)
   # RUN_SERIAL: a persistent-grid test fills every SM with blocks that wait on each other; run
   # beside other GPU tests it slowed the GEMM autotune test's load past its budget (H100,
   # seventh session), and two at once could each hold part of the GPU and wait forever.

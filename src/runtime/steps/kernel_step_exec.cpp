@@ -118,6 +118,7 @@ class KernelContext : public StepKindContext {
  public:
   KernelContext(const KernelPlans& plans, const Engine& engine) : plans_(plans), engine_(engine) {}
   Result<std::unique_ptr<StepExecutor>> make_executor(size_t step, StepBinder& binder) override;
+  Status check_stream(cudaStream_t stream) override { return check_persistent_grids(engine_, stream); }
 
  private:
   const KernelPlans& plans_;
@@ -416,6 +417,46 @@ bool kernel_step_launch(const Engine& engine, size_t step, KernelStepLaunch* out
   out->shared_bytes = plan.shared_bytes;
   out->programmatic = plan.programmatic;
   return true;
+}
+
+Status check_persistent_grids(const Engine& engine, cudaStream_t stream) {
+  const auto* plans = static_cast<const KernelPlans*>(engine.step_plans(StepKind::kKernel));
+  const engine::EngineDesc& desc = engine.desc();
+  if (plans == nullptr) return Status::ok();
+  for (size_t i = 0; i < desc.steps.size() && i < plans->plans.size(); ++i) {
+    if (desc.steps[i].kind != StepKind::kKernel || desc.steps[i].kernel.min_blocks == 0) continue;
+    const KernelPlan& plan = plans->plans[i];
+    const void* func = reinterpret_cast<const void*>(plan.kernel);
+    cudaFuncAttributes attr{};
+    KILN_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, func));
+    const unsigned cluster = static_cast<unsigned>(std::max(attr.requiredClusterWidth, 1));
+    // The occupancy of a context-less kernel is computed in the stream's context: a green
+    // context's SMs for its streams. A kernel without compiled clusters asks in clusters of one.
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute one_block{};
+    config.gridDim = dim3(cluster, 1, 1);
+    config.blockDim = plan.block;
+    config.dynamicSmemBytes = plan.shared_bytes;
+    config.stream = stream;
+    if (attr.requiredClusterWidth <= 0) {
+      one_block.id = cudaLaunchAttributeClusterDimension;
+      one_block.val.clusterDim.x = one_block.val.clusterDim.y = one_block.val.clusterDim.z = 1;
+      config.attrs = &one_block;
+      config.numAttrs = 1;
+    }
+    int clusters = 0;
+    KILN_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, func, &config));
+    const uint64_t fit = static_cast<uint64_t>(clusters) * cluster;
+    if (fit < plan.grid.x)
+      return make_status(StatusCode::kIncompatible,
+                         "%s: a persistent kernel (its blocks wait on each other, so all must be resident at "
+                         "once) runs %u blocks, chosen at load for the whole GPU, but only %llu fit on the SMs "
+                         "of the stream it was given (a green context or another partition of the GPU?); "
+                         "run this engine on a stream with the whole GPU, or export without "
+                         "persistent_decode",
+                         step_label(desc, i).c_str(), plan.grid.x, static_cast<unsigned long long>(fit));
+  }
+  return Status::ok();
 }
 
 extern const StepRuntime kKernelStepRuntime = {StepKind::kKernel, LoadStage::kBeforeWeights,

@@ -23,4 +23,10 @@ struct KernelStepLaunch {
 // Fills `out` and returns true; false when step `step` is not a kernel step.
 bool kernel_step_launch(const Engine& engine, size_t step, KernelStepLaunch* out);
 
+// Checks that each persistent step's grid, chosen at load for the whole GPU, is co-resident on
+// the SMs `stream` may use: a green context's stream may have fewer, and there the kernel's
+// blocks would wait forever for blocks that cannot start. kIncompatible names the step, the
+// blocks it needs and what the stream gives. A few CUDA calls: run it when the stream changes.
+Status check_persistent_grids(const Engine& engine, cudaStream_t stream);
+
 }  // namespace kiln::runtime
