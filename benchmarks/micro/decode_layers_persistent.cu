@@ -139,9 +139,8 @@ int main(int argc, char** argv) {
 
   DecodeLayersKernelOptions base;
   base.a_tasks = argc > 1 ? std::atoi(argv[1]) : 8;  // 8 of 5-10 fastest on an H100 at 512 (sixth session)
-  base.max_inflight = argc > 2 ? std::atoi(argv[2]) : 1;
-  base.release_inflight = argc > 3 ? std::atoi(argv[3]) : -1;
-  base.warp_norm = argc > 4 ? std::atoi(argv[4]) != 0 : false;
+  if (argc > 2) base.max_inflight = std::atoi(argv[2]);  // else the engine's defaults
+  if (argc > 3) base.release_inflight = std::atoi(argv[3]);
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -204,7 +203,7 @@ int main(int argc, char** argv) {
     return bad == 0;
   };
   char what[96];
-  std::snprintf(what, sizeof what, "%d copies in flight%s", base.max_inflight, base.warp_norm ? ", norm a warp" : "");
+  std::snprintf(what, sizeof what, "%d copies in flight", base.max_inflight);
   bool ok = true;
   {
     const Compiled one = compile(1, base, sm);  // direct launches from a zeroed sync area
@@ -228,7 +227,7 @@ int main(int argc, char** argv) {
   launch(main_kernel);
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
-  std::snprintf(what, sizeof what, "graph replay, %d copies in flight%s", base.max_inflight, base.warp_norm ? ", norm a warp" : "");
+  std::snprintf(what, sizeof what, "graph replay, %d copies in flight", base.max_inflight);
   unsigned epoch = 0;
   for (int P : {0, 1, 63, 64, 65, 300, 511, 512, 1000, 2047}) {
     set_pos(P);
@@ -272,21 +271,13 @@ int main(int argc, char** argv) {
     CK(cudaLibraryUnload(traced.library));
   }
   // Copies in flight (max_inflight, release_inflight): a cap throughout, or a deeper one with a
-  // shallow one while the block's previous phase has not arrived; each with the RMSNorm once a
-  // block or in every warp (warp_norm); and the weight stream alone.
-  struct Variant {
-    int inflight, release;
-    bool warp_norm;
-  };
+  // shallow one while the block's previous phase has not arrived; and the weight stream alone.
   std::vector<Compiled> caps;
-  const Variant cap_variants[] = {{1, -1, false}, {1, -1, true}, {2, -1, false}, {2, -1, true}, {2, 1, false},
-                                  {2, 1, true},   {3, 1, true},  {3, -1, true}};
-  for (const Variant v : cap_variants) {
-    DecodeLayersKernelOptions o = with(v.inflight, false, 1);
-    o.release_inflight = v.release;
-    o.warp_norm = v.warp_norm;
-    const bool same = v.inflight == base.max_inflight && v.release == base.release_inflight && v.warp_norm == base.warp_norm;
-    caps.push_back(same ? main_kernel : compile(kLayers, o, sm));
+  const int2 cap_variants[] = {{1, -1}, {2, -1}, {2, 1}, {3, 1}, {2, 0}};
+  for (const int2 v : cap_variants) {
+    DecodeLayersKernelOptions o = with(v.x, false, 1);
+    o.release_inflight = v.y;
+    caps.push_back(v.x == base.max_inflight && v.y == base.release_inflight ? main_kernel : compile(kLayers, o, sm));
   }
   const Compiled stream_only = compile(kLayers, with(base.max_inflight, false, 2), sm);
   auto report = [&](int round, const char* label, int P, float ms) {
@@ -297,17 +288,16 @@ int main(int argc, char** argv) {
     set_pos(kPos);
     for (const Compiled& k : caps) {  // direct launches at each cap
       reset();
-      const char* norm = k.options.warp_norm ? "norm a warp" : "norm a block";
       if (k.options.release_inflight < 0)
-        std::snprintf(what, sizeof what, "persistent, %s, %d copies in flight", norm, k.options.max_inflight);
+        std::snprintf(what, sizeof what, "persistent, %d copies in flight", k.options.max_inflight);
       else
-        std::snprintf(what, sizeof what, "persistent, %s, %d copies in flight, %d before the previous phase's arrival",
-                      norm, k.options.max_inflight, k.options.release_inflight);
+        std::snprintf(what, sizeof what, "persistent, %d copies in flight, %d before the previous phase's arrival",
+                      k.options.max_inflight, k.options.release_inflight);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
     report(round, "the weight stream ALONE", kPos, median_ms(stream, [&] { launch(stream_only); }, 10, 100));
     reset();
-    std::snprintf(what, sizeof what, "graph replay, %d copies in flight%s", base.max_inflight, base.warp_norm ? ", norm a warp" : "");
+    std::snprintf(what, sizeof what, "graph replay, %d copies in flight", base.max_inflight);
     for (int P : {128, kPos, 1024, 2047}) {
       set_pos(P);
       report(round, what, P, median_ms(stream, [&] { CK(cudaGraphLaunch(exec, stream)); }, 10, 100));

@@ -31,24 +31,19 @@ bool contains(const std::vector<uint8_t>& image, const std::string& text) {
 }
 
 TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16) {
-  for (engine::DType dtype : {engine::DType::kBFloat16, engine::DType::kFloat16})
-    for (bool warp_norm : {false, true}) {
-      DecodeLayersShape s = bench_shape();
-      s.dtype = dtype;
-      s.layers = 3;  // the cache parameters are per layer
-      DecodeLayersKernelOptions o;
-      o.warp_norm = warp_norm;
-      const std::string name =
-          "kiln_decode_layers_t" + std::to_string(static_cast<int>(dtype)) + (warp_norm ? "_w" : "_b");
-      const std::string src = decode_layers_kernel_source(s, o, name);
-      EXPECT_NE(src.find("k_cache_2"), std::string::npos);
-      EXPECT_EQ(src.find("k_cache_3"), std::string::npos);
-      EXPECT_EQ(src.find("@"), std::string::npos) << "a token was left unreplaced";
-      EXPECT_NE(src.find(warp_norm ? "kWarpNorm = true" : "kWarpNorm = false"), std::string::npos);
-      const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
-      ASSERT_EQ(m.cubins.size(), 1u);
-      EXPECT_TRUE(contains(m.cubins[0].image, name));
-    }
+  for (engine::DType dtype : {engine::DType::kBFloat16, engine::DType::kFloat16}) {
+    DecodeLayersShape s = bench_shape();
+    s.dtype = dtype;
+    s.layers = 3;  // the cache parameters are per layer
+    const std::string name = "kiln_decode_layers_t" + std::to_string(static_cast<int>(dtype));
+    const std::string src = decode_layers_kernel_source(s, DecodeLayersKernelOptions{}, name);
+    EXPECT_NE(src.find("k_cache_2"), std::string::npos);
+    EXPECT_EQ(src.find("k_cache_3"), std::string::npos);
+    EXPECT_EQ(src.find("@"), std::string::npos) << "a token was left unreplaced";
+    const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
+    ASSERT_EQ(m.cubins.size(), 1u);
+    EXPECT_TRUE(contains(m.cubins[0].image, name));
+  }
 }
 
 TEST(DecodeLayersKernel, TraceAddsItsParameter) {
