@@ -206,32 +206,55 @@ def build_program(program: ExportedProgram, build: Callable[[], object], request
     return BuiltProgram(model, all_sizes, key.hexdigest(), exact, node_ops, build_variant)
 
 
-def compile_program(built: BuiltProgram, compile_one: Callable[..., object], weights_prefix: str = ""):
+def has_persistent_step(engine: bytes) -> bool:
+    """True when the engine has a persistent kernel step (min_blocks > 0):
+    one whose blocks must all be resident at once."""
+    return any(step.get("min_blocks", 0) > 0 for step in native().inspect_engine(engine)["steps"])
+
+
+def compile_program(built: BuiltProgram, compile_one: Callable[..., object], weights_prefix: str = "",
+                    fallback_one: Optional[Callable[..., object]] = None):
     """A _trial.CompiledEngine: one engine for a static program; for a
     dynamic one, a variant set of one engine per variant, built and compiled
     one at a time. `compile_one(graph, name_weights="", return_weights=False)`
     compiles one graph (_trial.compile_graph). With a weights prefix
     (kiln.compile's named weights) every engine names its weights and leaves
     them out; the weights come back beside the blob, each key once (variants
-    share theirs: the keys are content hashes)."""
+    share theirs: the keys are content hashes). `fallback_one` (same
+    signature; _trial.fallback_compiler): an engine with a persistent kernel
+    step gets a second engine of the same graph compiled by it, as its
+    alternative in the variant set (variant_set.h), which the delegate runs
+    where the first cannot."""
     from ._trial import CompiledEngine
 
     weights, seen = [], set()
 
-    def one(graph) -> bytes:
+    def one(graph, compile_with=compile_one) -> bytes:
         if not weights_prefix:
-            return compile_one(graph)
-        blob, named = compile_one(graph, weights_prefix, True)
+            return compile_with(graph)
+        blob, named = compile_with(graph, weights_prefix, True)
         for entry in named:
             if entry[0] not in seen:
                 seen.add(entry[0])
                 weights.append(entry)
         return blob
 
+    def alternatives(graph) -> list[bytes]:
+        blob = one(graph)
+        if fallback_one is None or not has_persistent_step(blob):
+            return [blob]
+        return [blob, one(graph, fallback_one)]
+
     if not built.model.dynamic:
-        return CompiledEngine(one(built.graph), weights)
-    engines = [one(built.build_variant(sizes)) for sizes in built.sizes]
+        engines = alternatives(built.graph)
+        if len(engines) == 1:
+            return CompiledEngine(engines[0], weights)
+        return CompiledEngine(native().pack_variant_set([], [], [[] for _ in engines], engines), weights)
     names = [name for name, _lo, _hi in built.model.symbols]
-    values = [[sizes[name] for name in names] for sizes in built.sizes]
+    engines, values = [], []
+    for sizes in built.sizes:
+        alts = alternatives(built.build_variant(sizes))
+        engines += alts
+        values += [[sizes[name] for name in names]] * len(alts)
     return CompiledEngine(native().pack_variant_set(built.model.symbols, built.model.bindings, values, engines),
                           weights)

@@ -61,10 +61,10 @@ class PartitionTrial:
                 return None
             if announce_as is not None:
                 progress.trial(*announce_as)
-            engine = _dynamic.compile_program(
-                built, lambda graph, name_weights="", return_weights=False: _trial.compile_graph(
-                    graph, self.options, _progress if announce_as else None, name_weights, return_weights),
-                self.options.weights_prefix)
+            announce = _progress if announce_as else None
+            engine = _dynamic.compile_program(built, _trial.engine_compiler(self.options, announce),
+                                              self.options.weights_prefix,
+                                              _trial.fallback_compiler(self.options, announce))
             if built.exact:
                 _trial.ENGINE_CACHE.put(key, engine)
             return None

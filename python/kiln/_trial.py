@@ -31,6 +31,8 @@ fills it at import.
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import logging
 import os
@@ -191,6 +193,22 @@ def compile_graph(built, options, progress: Optional[Callable[[str], None]] = No
     if progress is not None:
         lowering_progress.compiled(time.perf_counter() - start, SLOW_COMPILE_S)
     return engine
+
+
+def engine_compiler(options, progress: Optional[Callable[[str], None]] = None):
+    """compile_graph with `options` as a _dynamic.compile_program `compile_one`."""
+    return lambda graph, name_weights="", return_weights=False: compile_graph(
+        graph, options, progress, name_weights, return_weights)
+
+
+def fallback_compiler(options, progress: Optional[Callable[[str], None]] = None):
+    """With persistent_decode, the usual engine's compiler: an engine whose
+    decode layers became a persistent kernel keeps the usual engine beside it
+    as its fallback (for a GPU or a stream where the kernel's grid does not
+    fit); None otherwise."""
+    if not options.persistent_decode:
+        return None
+    return engine_compiler(dataclasses.replace(options, persistent_decode=False), progress)
 
 
 def _native_compile(built, options, progress, name_weights="", return_weights=False):

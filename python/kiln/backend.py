@@ -57,10 +57,9 @@ class KilnBackend(BackendDetails):
             if built.graph is not None:
                 logger.debug("kiln: partition graph:\n%s", built.graph.graph.describe())
             try:
-                engine = _dynamic.compile_program(
-                    built, lambda graph, name_weights="", return_weights=False: _trial.compile_graph(
-                        graph, options, _progress, name_weights, return_weights),
-                    options.weights_prefix)
+                engine = _dynamic.compile_program(built, _trial.engine_compiler(options, _progress),
+                                                  options.weights_prefix,
+                                                  _trial.fallback_compiler(options, _progress))
             except CompileError as e:
                 # Too late to fall back: the partition is fixed by now.
                 raise CompileError(

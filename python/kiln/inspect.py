@@ -162,8 +162,14 @@ def _variants(blob: bytes) -> list[tuple[dict | None, bytes]]:
                 "dims": [{"input": i, "dim": d} for i, d, s in parts["bindings"] if s == k]}
                for k, (n, lo, hi) in enumerate(parts["symbols"])]
     count = len(parts["engines"])
-    return [({"index": v, "count": count, "symbols": symbols,
-              "sizes": {sym["name"]: value for sym, value in zip(symbols, parts["values"][v])}}, engine)
+    values = parts["values"]
+    # Equal values: alternatives for one shape, in order of preference (variant_set.h).
+    alternative = [0] * count
+    for v in range(1, count):
+        if values[v] == values[v - 1]:
+            alternative[v] = alternative[v - 1] + 1
+    return [({"index": v, "count": count, "symbols": symbols, "alternative": alternative[v],
+              "sizes": {sym["name"]: value for sym, value in zip(symbols, values[v])}}, engine)
             for v, engine in enumerate(parts["engines"])]
 
 
@@ -242,7 +248,7 @@ def _describe_engine(e: dict) -> list[str]:
     v = e.get("variant")
     title = f"engine {e['delegate_index']} ({e['backend']} in '{e['method']}')"
     lines = []
-    if v is not None:
+    if v is not None and v["symbols"]:
         if v["index"] == 0:
             dims = "; ".join(f"{s['name']} in [{s['min']}, {s['max']}] at "
                              + ", ".join(f"input {b['input']} dim {b['dim']}" for b in s["dims"])
@@ -250,6 +256,9 @@ def _describe_engine(e: dict) -> list[str]:
             lines.append(f"{title}: dynamic shapes, {v['count']} variants (one engine per size; other sizes "
                          f"are refused): {dims}")
         title += f" variant {v['index'] + 1}/{v['count']} (" + ", ".join(f"{k}={n}" for k, n in v["sizes"].items()) + ")"
+    if v is not None and v.get("alternative", 0) > 0:
+        title += (f" fallback {v['alternative']} (runs where the engine before it cannot: a GPU or stream too small"
+                  " for its persistent kernel)")
     lines += [
         f"{title}: {e['bytes']:,} bytes",
         f"  code for: {code}",

@@ -47,6 +47,11 @@ struct Variant {
   std::unique_ptr<runtime::ExecutionContext> context;
   runtime::ContextStats reported;  // stats already added to the process counters
   bool graph_reason_logged = false;
+  // The next alternative engine for the same shapes (variant_set.h), loaded at init: it runs the
+  // calls whose stream this engine refuses (kIncompatible at execute, e.g. a persistent kernel
+  // on a green context's few SMs).
+  std::unique_ptr<Variant> fallback;
+  bool fallback_logged = false;
 };
 
 struct KilnHandle {
@@ -225,6 +230,52 @@ kiln::Status load_variant(et::BackendInitContext& context, const engine::Variant
   return kiln::Status::ok();
 }
 
+// True when `a` and `b` take and give the same tensors (dtype and shape of each input and output).
+bool same_io(const runtime::ExecutionContext& a, const runtime::ExecutionContext& b) {
+  if (a.num_inputs() != b.num_inputs() || a.num_outputs() != b.num_outputs()) return false;
+  for (size_t i = 0; i < a.num_inputs(); ++i)
+    if (a.input_desc(i).dtype != b.input_desc(i).dtype || a.input_desc(i).shape != b.input_desc(i).shape) return false;
+  for (size_t i = 0; i < a.num_outputs(); ++i)
+    if (a.output_desc(i).dtype != b.output_desc(i).dtype || a.output_desc(i).shape != b.output_desc(i).shape)
+      return false;
+  return true;
+}
+
+// Loads alternatives [first, end) of one shape (variant_set.h) into *out: the first that can run
+// on this GPU (one refused with kIncompatible gives way to the next, with a log line), and the
+// ones after it as its fallback chain (one that cannot load is dropped, with a log line).
+kiln::Status load_alternatives(et::BackendInitContext& context, const std::vector<engine::VariantEngine>& blobs,
+                               size_t first, size_t end, const LoadOptions& load, const ProcessOptions& process,
+                               int device, const char* method, Variant* out) {
+  size_t at = first;
+  for (;; ++at) {
+    kiln::Status status = load_variant(context, blobs[at], load, process, device, method, out);
+    if (status.is_ok()) break;
+    if (status.code() != StatusCode::kIncompatible || at + 1 == end) {
+      if (end - first > 1) status = status.with_context("engine alternative " + std::to_string(at - first));
+      return status;
+    }
+    ET_LOG(Info, "KilnBackend: method '%s': engine alternative %zu cannot run on this GPU, loading the next: %s",
+           method, at - first, status.message().c_str());
+  }
+  if (at + 1 < end) {
+    auto fallback = std::make_unique<Variant>();
+    kiln::Status status =
+        load_alternatives(context, blobs, at + 1, end, load, process, device, method, fallback.get());
+    if (status.is_ok() && !same_io(*out->context, *fallback->context))
+      status = make_status(StatusCode::kCorruptData, "its inputs/outputs differ from the preferred engine's");
+    if (status.is_ok()) {
+      out->fallback = std::move(fallback);
+      ET_LOG(Info, "KilnBackend: method '%s': fallback engine loaded too, for streams the preferred engine "
+             "cannot run on", method);
+    } else {
+      ET_LOG(Error, "KilnBackend: method '%s': the fallback engine (alternative %zu) is left out: %s", method,
+             at + 1 - first, status.to_string().c_str());
+    }
+  }
+  return kiln::Status::ok();
+}
+
 }  // namespace
 
 bool KilnBackend::is_available() const { return gpu_status().is_ok(); }
@@ -262,14 +313,25 @@ et::Result<DelegateHandle*> KilnBackend::init(
   } else {
     blobs.push_back({static_cast<const uint8_t*>(*data), processed->size()});
   }
-  std::vector<Variant> variants(blobs.size());
-  for (size_t v = 0; v < blobs.size(); ++v) {
-    status = load_variant(context, blobs[v], load, process, device.value(), method, &variants[v]);
+  // Variants with equal values are alternatives (variant_set.h): one Variant per shape, the first
+  // alternative that loads, with the rest as its fallback chain.
+  std::vector<Variant> variants;
+  std::vector<std::vector<int64_t>> values;
+  if (shapes.values.empty()) shapes.values.assign(blobs.size(), {});
+  for (size_t v = 0; v < blobs.size();) {
+    size_t end = v + 1;
+    while (end < blobs.size() && shapes.values[end] == shapes.values[v]) ++end;
+    Variant chosen;
+    status = load_alternatives(context, blobs, v, end, load, process, device.value(), method, &chosen);
     if (!status.is_ok()) {
       if (!shapes.symbols.empty()) status = status.with_context("shape variant " + std::to_string(v));
       return to_executorch_error(status, kPrefix);
     }
+    variants.push_back(std::move(chosen));
+    values.push_back(shapes.values[v]);
+    v = end;
   }
+  shapes.values = std::move(values);
   for (size_t v = 1; v < variants.size(); ++v)
     if (variants[v].context->num_inputs() != variants[0].context->num_inputs() ||
         variants[v].context->num_outputs() != variants[0].context->num_outputs())
@@ -362,12 +424,21 @@ Error KilnBackend::execute(et::BackendExecutionContext& context, DelegateHandle*
     error = describe_io(value->toTensor(), false, i, engine_device, &outputs[i]);
     if (error != Error::Ok) return error;
   }
-  status = exec.execute(inputs, outputs, stream);
-  report_stats(variant);
-  if (!variant.graph_reason_logged && !exec.graph_disabled_reason().empty()) {
-    variant.graph_reason_logged = true;
-    ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine, running it normally: %s",
-           exec.graph_disabled_reason().c_str());
+  // An engine that refuses this stream (kIncompatible before anything was enqueued) hands the
+  // call to its fallback, whose inputs and outputs are the same (checked at init).
+  for (Variant* ran = &variant;; ran = ran->fallback.get()) {
+    status = ran->context->execute(inputs, outputs, stream);
+    report_stats(*ran);
+    if (!ran->graph_reason_logged && !ran->context->graph_disabled_reason().empty()) {
+      ran->graph_reason_logged = true;
+      ET_LOG(Info, "KilnBackend: CUDA graph replay is off for this engine, running it normally: %s",
+             ran->context->graph_disabled_reason().c_str());
+    }
+    if (status.code() != StatusCode::kIncompatible || ran->fallback == nullptr) break;
+    if (!ran->fallback_logged) {
+      ran->fallback_logged = true;
+      ET_LOG(Info, "KilnBackend: running on the fallback engine: %s", status.message().c_str());
+    }
   }
   if (!status.is_ok()) return to_executorch_error(status, "KilnBackend: execute failed");
   return Error::Ok;

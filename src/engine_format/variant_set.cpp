@@ -13,9 +13,11 @@ constexpr size_t kEngineAlignment = 16;
 
 // The checks both directions share.
 Status check_desc(const VariantSetDesc& desc, size_t engines) {
-  if (desc.symbols.empty() || desc.symbols.size() > kMaxVariantSymbols)
-    return make_status(StatusCode::kCorruptData, "variant set: %zu symbols (expected 1 to %zu)",
+  if (desc.symbols.size() > kMaxVariantSymbols)
+    return make_status(StatusCode::kCorruptData, "variant set: %zu symbols (expected at most %zu)",
                        desc.symbols.size(), kMaxVariantSymbols);
+  if (desc.symbols.empty() && !desc.bindings.empty())
+    return make_status(StatusCode::kCorruptData, "variant set: %zu bindings but no symbols", desc.bindings.size());
   if (engines == 0 || engines > kMaxVariants || desc.values.size() != engines)
     return make_status(StatusCode::kCorruptData,
                        "variant set: %zu variants with %zu engines (expected 1 to %zu, one each)",
@@ -95,10 +97,10 @@ Status parse_variant_set(const void* data, size_t size, VariantSetDesc* desc,
   KILN_READ_OR_RETURN(r.skip(sizeof(kMagic)), "magic");
   uint32_t version = 0, count = 0;
   KILN_READ_OR_RETURN(r.read_u32(&version), "version");
-  if (version != kVariantSetVersion)
+  if (version < kVariantSetMinVersion || version > kVariantSetVersion)
     return make_status(StatusCode::kIncompatible,
-                       "variant set version %u, this Kiln reads version %u; rebuild the .pte with this Kiln",
-                       version, kVariantSetVersion);
+                       "variant set version %u, this Kiln reads versions %u to %u; rebuild the .pte with this Kiln",
+                       version, kVariantSetMinVersion, kVariantSetVersion);
   *desc = VariantSetDesc{};
   KILN_READ_OR_RETURN(r.read_count(&count, 20), "symbol count");
   if (count > kMaxVariantSymbols)

@@ -6,6 +6,12 @@
 // symbol is, and each variant's symbol values. See docs/design_llm.md,
 // "Dynamic shapes".
 //
+// Variants with equal values are *alternatives* (version 2): engines for the same shapes, in order
+// of preference; the delegate runs the first one that can run on the GPU and stream at hand and
+// keeps the next for the streams the first refuses (a persistent decode engine, with the usual
+// engine as its fallback: kiln.compile(persistent_decode=True)). A static partition with
+// alternatives is a set with no symbols and no bindings.
+//
 // Layout (little-endian): magic "KILNVSET", u32 version, u32 symbol count,
 // per symbol {string name, i64 min, i64 max}; u32 binding count, per binding
 // {u32 input, u32 dim, u32 symbol}; u32 variant count, per variant {i64 value
@@ -22,7 +28,8 @@
 
 namespace kiln::engine {
 
-inline constexpr uint32_t kVariantSetVersion = 1;
+inline constexpr uint32_t kVariantSetVersion = 2;     // what the writer writes
+inline constexpr uint32_t kVariantSetMinVersion = 1;  // the oldest the reader takes (no alternatives)
 // Bounds a corrupt header cannot exceed (the export side refuses more).
 inline constexpr size_t kMaxVariantSymbols = 8;
 inline constexpr size_t kMaxVariants = 64;

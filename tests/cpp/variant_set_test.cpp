@@ -112,6 +112,51 @@ TEST(VariantSet, EveryTruncationAndFlippedCountFails) {
   }
 }
 
+// Alternatives (version 2): a static partition's engines in order of preference (no symbols), and
+// equal values in a dynamic set.
+TEST(VariantSet, AlternativesRoundTripWithOrWithoutSymbols) {
+  std::mt19937 rng(std::random_device{}());
+  VariantSetDesc fixed;
+  fixed.values = {{}, {}};
+  std::vector<std::vector<uint8_t>> engines = {random_engine(rng, 33), random_engine(rng, 70)};
+  Result<std::vector<uint8_t>> blob = serialize_variant_set(fixed, engines);
+  ASSERT_TRUE(blob.is_ok()) << blob.status().to_string();
+  VariantSetDesc got;
+  std::vector<VariantEngine> parts;
+  ASSERT_TRUE(parse_variant_set(blob->data(), blob->size(), &got, &parts).is_ok());
+  EXPECT_TRUE(got.symbols.empty());
+  EXPECT_EQ(got.values, fixed.values);
+  ASSERT_EQ(parts.size(), 2u);
+  for (size_t v = 0; v < 2; ++v)
+    EXPECT_EQ(std::vector<uint8_t>(parts[v].data, parts[v].data + parts[v].size), engines[v]) << "engine " << v;
+
+  VariantSetDesc dynamic = two_symbols();
+  dynamic.values.insert(dynamic.values.begin() + 2, dynamic.values[1]);  // variant 1 and its alternative
+  engines.clear();
+  for (size_t v = 0; v < dynamic.values.size(); ++v) engines.push_back(random_engine(rng, 20 + v));
+  blob = serialize_variant_set(dynamic, engines);
+  ASSERT_TRUE(blob.is_ok()) << blob.status().to_string();
+  ASSERT_TRUE(parse_variant_set(blob->data(), blob->size(), &got, &parts).is_ok());
+  EXPECT_EQ(got.values, dynamic.values);
+
+  fixed.bindings = {{0, 1, 0}};  // a binding needs a symbol
+  EXPECT_FALSE(serialize_variant_set(fixed, {engines[0], engines[1]}).is_ok());
+}
+
+// Version 1 (before alternatives) still reads.
+TEST(VariantSet, VersionOneStillReads) {
+  const VariantSetDesc desc = two_symbols();
+  const std::vector<std::vector<uint8_t>> three(3, std::vector<uint8_t>(8, 1));
+  Result<std::vector<uint8_t>> blob = serialize_variant_set(desc, three);
+  ASSERT_TRUE(blob.is_ok());
+  std::vector<uint8_t> old = blob.value();
+  old[8] = 1;
+  VariantSetDesc got;
+  std::vector<VariantEngine> parts;
+  EXPECT_TRUE(parse_variant_set(old.data(), old.size(), &got, &parts).is_ok());
+  EXPECT_EQ(got.values, desc.values);
+}
+
 TEST(VariantSet, OtherVersionAsksForARebuild) {
   const VariantSetDesc desc = two_symbols();
   const std::vector<std::vector<uint8_t>> three(3, std::vector<uint8_t>(8, 1));

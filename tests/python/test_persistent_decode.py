@@ -61,7 +61,16 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
                      f"({per_layer * LAYERS + 4} steps -> 1)"]
     pte = tmp_path / "decode.pte"
     kiln.save(compiled, pte)
-    (engine,) = inspect_pte(pte)["engines"]
+    engine, fallback = inspect_pte(pte)["engines"]
+    # The usual engine rides along as the persistent one's fallback (alternatives of one variant set),
+    # on the same named weights: nothing stored twice.
+    assert engine["variant"]["alternative"] == 0 and fallback["variant"]["alternative"] == 1
+    assert not any(s.get("min_blocks", 0) for s in fallback["steps"]) and not fallback["derived_weights"]
+    assert len(fallback["steps"]) > 4
+    keys = {n["key"] for n in engine["named_weights"]}
+    extra = [n for n in fallback["named_weights"] if n["key"] not in keys]  # small constants the fold drops
+    total = sum(n["nbytes"] for n in fallback["named_weights"])
+    assert sum(n["nbytes"] for n in extra) < total / 1000, extra
     labels = [s["label"] for s in engine["steps"]]
     assert labels == ["embedding", "decode_layers", "rms_norm+linear", "argmax"]
     step = engine["steps"][1]
