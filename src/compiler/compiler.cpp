@@ -17,6 +17,7 @@
 #include "engine_format/engine_format.h"
 #include "ops/elementwise_kernel.h"
 #include "ops/step_plan.h"
+#include "ops/decode_layers_ops.h"
 #include "passes/passes.h"
 
 namespace kiln::compiler {
@@ -475,9 +476,13 @@ const std::vector<Pass>& passes() {
          op_options.min_target_sm = static_cast<int>(*std::min_element(o.target_sms.begin(), o.target_sms.end()));
          std::string why;
          const int removed = passes::fold_decode_layers(s.graph, s.plan, op_options, &why);
+         bool head = false;
+         for (const ops::PlannedOp& op : s.plan.ops)
+           if (const auto* dl = op.as<ops::DecodeLayersPlan>()) head = dl->shape.vocab > 0;
          if (o.progress)
-           o.progress(removed > 0 ? "persistent_decode: the decode layers are one persistent kernel (" +
-                                        std::to_string(removed + 1) + " steps -> 1)"
+           o.progress(removed > 0 ? std::string("persistent_decode: the decode layers") +
+                                        (head ? " and the head (final norm, lm_head, argmax)" : "") +
+                                        " are one persistent kernel (" + std::to_string(removed + 1) + " steps -> 1)"
                                   : "persistent_decode: not applied: " + why);
          check_plan_reads(s.graph, s.plan);
        }},

@@ -41,6 +41,9 @@ constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
+// The head (kVocab > 0): the final RMSNorm, the lm_head rows in 8-row stages, their argmax.
+constexpr int kVocab = @VOCAB@, kHeadStages = kVocab / 8;
+constexpr float kHeadEps = @HEAD_EPS@;
 typedef unsigned short T;  // @DTYPE@ storage
 
 __device__ __forceinline__ float2 pair(unsigned w) {  // two packed elements, low first
@@ -198,6 +201,7 @@ struct Smem {
   float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (pushes)
   float loc[32], sc[2][64], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
+  unsigned long long best[kConsumers];  // the head's argmax keys, a warp each
   unsigned flag;
   unsigned ends;  // the block's phase arrivals so far (written by consumer thread 0, polled by the producer)
 };
@@ -205,10 +209,11 @@ static_assert(sizeof(Smem) <= @STATE_BYTES@, "the block's state outgrew decode_l
 }  // namespace kiln_dl_@NAME@
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@NAME@::kThreads, 1)
-@NAME@(unsigned short* out, const unsigned short* __restrict__ x_in, const unsigned short* __restrict__ packed,
+@NAME@(@OUT_T@* out, const unsigned short* __restrict__ x_in, const unsigned short* __restrict__ packed,
        const long long* pos_in, const unsigned short* __restrict__ cos_tab, const unsigned short* __restrict__ sin_tab, unsigned* sync,
        @CACHE_PARAMS@) {
   using namespace kiln_dl_@NAME@;
+@HEAD_LOCALS@
   T* const kcs[kLayers] = {@K_CACHES@};
   T* const vcs[kLayers] = {@V_CACHES@};
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -232,6 +237,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0;
   // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
   const int a_stages = has_a ? kAStages + kv_count : 0, per_layer = a_stages + tasks + down_stages;
+  // The head: this block's lm_head stages [h0, h0 + head_count), an even share of them.
+  const int h0 = kHeadStages * b / nblocks, head_count = kHeadStages * (b + 1) / nblocks - h0;
   // The rotary factors of this thread's head dim at position P, the same in every layer: read once
   // here, not after each q|k|v product (a dependent global load on the layer's chain).
   float rot_cos = 0.f, rot_sin = 0.f;
@@ -257,6 +264,27 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   if (warp == kConsumers) {  // producer: the block's stages, layer after layer, as fast as slots free
     if (lane != 0) return;
     unsigned i = 0;
+    // Waits until stage i may be issued: its ring slot free, and at most kMaxInflight copies in
+    // flight. A release (the phase's arrival) waits for the SM's copies still in flight, and a deep
+    // queue makes each late. With kReleaseInflight >= 0, a stage of a phase whose predecessor's
+    // arrival (the block's `ends_before`-th) has not been made yet goes with at most that many in
+    // flight (0: only after the arrival), so the arrival finds few copies to wait for while the
+    // rest of the phase streams deeper.
+    auto wait_slot = [&](unsigned i, unsigned ends_before) {
+      int cap = kMaxInflight;
+      if (kReleaseInflight >= 0 && *reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
+        if (kReleaseInflight == 0)
+          while (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
+          }
+        else
+          cap = kReleaseInflight;
+      }
+      if (cap && i >= (unsigned)cap) {
+        const unsigned j = i - cap;
+        mbar_wait(&S.full[j % kStages], (j / kStages) & 1);
+      }
+      mbar_wait(&S.empty[i % kStages], ((i / kStages) & 1) ^ 1);
+    };
     for (int l = 0; l < kLayers; ++l) {
       // The layer's three regions: this block's phase-A stages, its tasks' gate|up and down stages.
       const T* layer = packed + (size_t)l * kStagesPerLayer * kStageElems;
@@ -265,27 +293,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       const T* down_src = layer + (size_t)(kDownRegion + task0 / 2) * kStageElems;
       for (int k = 0; k < per_layer; ++k, ++i) {
         const int s = i % kStages;
-        // At most kMaxInflight copies in flight: a release (the phase's arrival) waits for the
-        // SM's copies still in flight, and a deep queue makes each late. With kReleaseInflight >= 0,
-        // a stage of a phase whose predecessor's arrival has not been made yet goes with at most
-        // that many in flight (0: only after the arrival), so the arrival finds few copies to wait
-        // for while the rest of the phase streams deeper.
-        int cap = kMaxInflight;
-        if (kReleaseInflight >= 0) {
-          const unsigned ends_before = has_a ? 2 * l + (k >= a_stages ? 1 : 0) : l;
-          if (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
-            if (kReleaseInflight == 0)
-              while (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
-              }
-            else
-              cap = kReleaseInflight;
-          }
-        }
-        if (cap && i >= (unsigned)cap) {
-          const unsigned j = i - cap;
-          mbar_wait(&S.full[j % kStages], (j / kStages) & 1);
-        }
-        mbar_wait(&S.empty[s], ((i / kStages) & 1) ^ 1);
+        wait_slot(i, has_a ? 2 * l + (k >= a_stages ? 1 : 0) : l);
         unsigned char* dst = ring + (size_t)s * kStageBytes;
         const int cached = k - 4;  // this block's cached-row stage, when 0 <= cached < kv_count
         if (has_a && cached >= 0 && cached < kv_count) {  // up to 64 key rows, then as many value rows
@@ -303,6 +311,13 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         mbar_expect_bytes(&S.full[s], kStageBytes);
         bulk_load(dst, src, kStageBytes, &S.full[s]);
       }
+    }
+    // The head's lm_head rows: 8 consecutive rows of the model's own weight are one stage.
+    for (int k = 0; k < head_count; ++k, ++i) {
+      wait_slot(i, has_a ? 2 * kLayers : kLayers);
+      const int s = i % kStages;
+      mbar_expect_bytes(&S.full[s], kStageBytes);
+      bulk_load(ring + (size_t)s * kStageBytes, head_w + (size_t)(h0 + k) * kStageElems, kStageBytes, &S.full[s]);
     }
     return;
   }
@@ -352,7 +367,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     mark(p, 0);
     consumers_sync();
-    if (b == 0) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
+    if (b == 0 && p < kPhases) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
       float* zero = p + 2 == kPhases ? fin : rows + ((ring0 + p + 2) % 3) * kHidden;
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
     }
@@ -368,7 +383,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     float tot = 0.f;
 #pragma unroll
     for (int w = 0; w < kConsumers; ++w) tot += S.red[w];
-    const float rstd = rsqrtf(tot / kHidden + kEps);
+    const float rstd = rsqrtf(tot / kHidden + (p == kPhases ? kHeadEps : kEps));
     for (int j = tid; j < kHidden; j += kCT) S.xn[j] = S.xs[j] * rstd * ld1(gamma[j]);
     consumers_sync();
     mark(p, 1);
@@ -379,7 +394,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   auto end_phase = [&](int p) {
     consumers_sync();
     if (tid == 0) {
-      if (p == kPhases - 1) {
+      if (p == kPhases - 1 && kVocab == 0) {
         const unsigned last = base_b + (unsigned)kLayers * nblocks - 1;
         S.flag = atom_add_acq_rel(sync + 1, 1u) == last;
       } else {
@@ -388,10 +403,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       *reinterpret_cast<volatile unsigned*>(&S.ends) = S.ends + 1;
       mark(p, kMarks - 1);
     }
-    if (p == kPhases - 1) {
+    if (p == kPhases - 1 && kVocab == 0) {
       consumers_sync();
       if (S.flag) {
-        for (int j = tid; j < kHidden; j += kCT) out[j] = st1(bad_pos ? __int_as_float(0x7fc00000) : __ldcg(fin + j));
+        for (int j = tid; j < kHidden; j += kCT)
+          out[j] = (@OUT_T@)st1(bad_pos ? __int_as_float(0x7fc00000) : __ldcg(fin + j));
         if (tid == 0) sync[2] = epoch + 1;
       }
     }
@@ -618,6 +634,55 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     mark(p, 5);
     end_phase(p);
   }
+  if (kVocab > 0) {  // ---------------- the head: final RMSNorm, lm_head, argmax ----------------
+    const int p = kPhases;
+    float xr[32];
+    begin_phase(p, head_norm, xr);
+    // Each logit rounded to the model's dtype (as the lm_head's output is), written out and ranked
+    // by a key whose order is PyTorch's argmax: larger value, NaN above all, then smaller index.
+    unsigned long long best = 0;
+    auto rank_row = [&](float v, int r) {
+      const T h = st1(bad_pos ? __int_as_float(0x7fc00000) : v);
+      if (lane == 0) logits[r] = h;
+      float f = ld1(h);
+      unsigned bits = f != f ? 0x7fffffffu : __float_as_uint(f == 0.f ? 0.f : f);
+      bits ^= (bits & 0x80000000u) ? 0xffffffffu : 0x80000000u;
+      const unsigned long long key = ((unsigned long long)bits << 32) | (0xffffffffu - (unsigned)r);
+      best = key > best ? key : best;
+    };
+    for (int s = 0; s < head_count; s += 2) {
+      if (s + 1 < head_count) {
+        const T* const r2[2] = {peek(0) + warp * kHidden, peek(1) + warp * kHidden};
+        float v[2] = {0.f, 0.f};
+        if (kCompute) rows_dot<2>(r2, xr, lane, v);
+        rank_row(v[0], 8 * (h0 + s) + warp);
+        rank_row(v[1], 8 * (h0 + s + 1) + warp);
+        release();
+        release();
+      } else {
+        const T* const r1[1] = {stage() + warp * kHidden};
+        float v[1] = {0.f};
+        if (kCompute) rows_dot<1>(r1, xr, lane, v);
+        rank_row(v[0], 8 * (h0 + s) + warp);
+        release();
+      }
+    }
+    if (lane == 0) S.best[warp] = best;
+    consumers_sync();
+    if (tid == 0) {
+      unsigned long long* const top = reinterpret_cast<unsigned long long*>(fin + kHidden);  // the sync area's key
+      for (int w = 0; w < kConsumers; ++w) best = S.best[w] > best ? S.best[w] : best;
+      atomicMax(top, best);
+      // The launch's last arrival of all reads the winner (and clears it for the next launch).
+      if (atom_add_acq_rel(sync + 3, 1u) == epoch * (unsigned)nblocks + nblocks - 1) {
+        const unsigned long long won = atomicExch(top, 0ull);
+        const unsigned idx = 0xffffffffu - (unsigned)won;
+        out[0] = (@OUT_T@)(idx < (unsigned)kVocab ? idx : 0u);
+        sync[2] = epoch + 1;
+      }
+      mark(p, kMarks - 1);
+    }
+  }
   // No block leaves while another may still push into it: the consumers of the whole cluster
   // meet on each block's csync barrier (remote arrivals; the producer warps have left).
   consumers_sync();
@@ -647,6 +712,8 @@ std::string decode_layers_unsupported(const DecodeLayersShape& s) {
   if (s.intermediate <= 0 || s.intermediate % 8 != 0)
     return why("intermediate size %lld (a multiple of %lld)", s.intermediate, 8);
   if (s.layers < 1 || s.max_len < 1) return why("%lld layers, max_len %lld", s.layers, s.max_len);
+  if (s.vocab < 0 || s.vocab % 8 != 0 || s.vocab > (int64_t{1} << 30))
+    return why("a vocabulary of %lld (the head takes a multiple of %lld)", s.vocab, 8);
   return "";
 }
 
@@ -688,7 +755,7 @@ int64_t decode_layers_stages_per_layer(const DecodeLayersShape& s) {
 int64_t decode_layers_packed_elems(const DecodeLayersShape& s) {
   return s.layers * decode_layers_stages_per_layer(s) * (kStageBytes / 2) + s.layers * 2 * s.hidden;
 }
-int64_t decode_layers_sync_bytes(const DecodeLayersShape& s) { return 16 + 4 * 4 * s.hidden; }
+int64_t decode_layers_sync_bytes(const DecodeLayersShape& s) { return 16 + 4 * 4 * s.hidden + (s.vocab > 0 ? 16 : 0); }
 int64_t decode_layers_shared_bytes(const DecodeLayersKernelOptions& o) { return o.stages * kStageBytes + kStateBytes; }
 
 std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& o,
@@ -707,6 +774,12 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
+  replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
+  replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));
+  replace_all(src, "@OUT_T@", shape.vocab > 0 ? "long long" : "unsigned short");
+  replace_all(src, "@HEAD_LOCALS@",
+              shape.vocab > 0 ? "" : "  unsigned short* const logits = nullptr;\n  const unsigned short* const head_w = nullptr;\n"
+                                     "  const unsigned short* const head_norm = nullptr;");
   replace_all(src, "@DTYPE@", bf16 ? "bf16" : "fp16");
   replace_all(src, "@PAIR@",
               bf16 ? "  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));"
@@ -725,12 +798,15 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
     vs << (l ? ", " : "") << "v_cache_" << l;
   }
   for (int64_t l = 0; l < shape.layers; ++l) params << ", unsigned short* v_cache_" << l;
+  if (shape.vocab > 0)
+    params << ", unsigned short* logits, const unsigned short* __restrict__ head_w, "
+              "const unsigned short* __restrict__ head_norm";
   if (o.trace) params << ", unsigned long long* trace";
   replace_all(src, "@CACHE_PARAMS@", params.str());
   replace_all(src, "@K_CACHES@", ks.str());
   replace_all(src, "@V_CACHES@", vs.str());
   replace_all(src, "@MARK@",
-              o.trace ? "    if (tid == 0) trace[((size_t)b * 2 * kLayers + p) * kMarks + k] = globaltimer();"
+              o.trace ? "    if (tid == 0 && p < 2 * kLayers) trace[((size_t)b * 2 * kLayers + p) * kMarks + k] = globaltimer();"
                       : "    (void)p;\n    (void)k;");
   return src;
 }

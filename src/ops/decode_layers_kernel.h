@@ -1,5 +1,5 @@
 // A language model's decode layers as ONE persistent kernel (sm_90+): every layer of a Llama-style
-// stack, batch 1, one new token, with two grid-wide dependencies a layer instead of a kernel an
+// stack (and optionally its head: final norm, lm_head, argmax), batch 1, one new token, with two grid-wide dependencies a layer instead of a kernel an
 // op. Thread-block clusters of 8 do what is not all-to-all inside the cluster (q|k|v, rotary,
 // cache write, attention over the cache, through DSMEM pushes); the o-projection and the MLP
 // become split-k sums added into the next residual row. A producer warp a block streams the
@@ -19,6 +19,10 @@
 //                     arrival counters, the launch epoch, the residual rows; nothing else writes it
 //   T* k_cache_0 .. T* k_cache_{L-1}, T* v_cache_0 .. T* v_cache_{L-1}
 //                     each layer's cache, [kv_heads][max_len][head_dim]
+//   with a head (DecodeLayersShape::vocab > 0) `out` is the token, long long [1], the argmax of
+//   the logits, and three more follow:
+//     T* logits [vocab]; const T* head_w, the lm_head [vocab][hidden] as the model has it (8
+//     consecutive rows are one stage: no repacking); const T* head_norm, the final RMSNorm [hidden]
 //   unsigned long long* trace   only when DecodeLayersKernelOptions::trace
 // Launch: gridDim.x a multiple of 8 (clusters of 8, compiled in), at least 8 * kv_heads blocks,
 // all co-resident (the blocks wait on each other); 288 threads; decode_layers_shared_bytes(opts)
@@ -44,6 +48,10 @@ struct DecodeLayersShape {
   int64_t max_len = 0;  // the cache's rows a kv head
   double eps = 1e-5;    // the RMSNorms'
   engine::DType dtype = engine::DType::kBFloat16;
+  // > 0: the head is folded in too (the final RMSNorm with head_eps, the lm_head's `vocab` rows,
+  // their argmax): the kernel then writes the token (int64) as its output and the logits.
+  int64_t vocab = 0;
+  double head_eps = 1e-5;
 };
 
 // Why the persistent kernel cannot run `shape`, or "" when it can. This version takes the

@@ -22,12 +22,14 @@ std::vector<int> DecodeLayersPlan::reads() const {
   std::vector<int> r{x, positions, cos_table, sin_table};
   for (const Layer& l : layers)
     r.insert(r.end(), {l.norm1, l.norm2, l.qkv, l.o, l.gate_up, l.down, l.k_cache, l.v_cache});
+  if (shape.vocab > 0) r.insert(r.end(), {head_norm, head_w});
   return r;
 }
 
 std::vector<int> DecodeLayersPlan::also_writes() const {
   std::vector<int> w;
   for (const Layer& l : layers) w.insert(w.end(), {l.k_written, l.v_written});
+  if (shape.vocab > 0) w.push_back(logits);
   return w;
 }
 
@@ -102,7 +104,7 @@ void DecodeLayersPlan::lower(LowerContext& ctx, engine::Step& step) const {
   ks.min_blocks = static_cast<uint32_t>(fewest);
   ks.block[0] = 288;
   ks.shared_bytes = static_cast<uint32_t>(decode_layers_shared_bytes(kernel));
-  ks.args = {ctx.tensor_arg(out), ctx.tensor_arg(x)};
+  ks.args = {ctx.tensor_arg(shape.vocab > 0 ? token : out), ctx.tensor_arg(x)};
   engine::KernelArg a;
   a.kind = engine::KernelArgKind::kTensor;
   a.tensor = packed_tensor;
@@ -112,6 +114,8 @@ void DecodeLayersPlan::lower(LowerContext& ctx, engine::Step& step) const {
   ks.args.push_back(a);
   for (const Layer& l : layers) ks.args.push_back(ctx.tensor_arg(l.k_cache));
   for (const Layer& l : layers) ks.args.push_back(ctx.tensor_arg(l.v_cache));
+  if (shape.vocab > 0)
+    ks.args.insert(ks.args.end(), {ctx.tensor_arg(logits), ctx.tensor_arg(head_w), ctx.tensor_arg(head_norm)});
 }
 
 }  // namespace kiln::ops

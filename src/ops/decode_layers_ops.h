@@ -36,9 +36,12 @@ struct DecodeLayersPlan : StepPlanBase<DecodeLayersPlan> {
   std::vector<Layer> layers;
   // The key of the step's sync area (a state of its own), unique in the program.
   std::string sync_key;
+  // With the head folded in (shape.vocab > 0): the final RMSNorm's weight, the lm_head's weight
+  // [vocab, hidden], the logits row it writes and the argmax's token (the step's output).
+  int head_norm = -1, head_w = -1, logits = -1, token = -1;
 
   std::vector<int> reads() const override;
-  int writes() const override { return out; }
+  int writes() const override { return shape.vocab > 0 ? token : out; }
   std::vector<int> also_writes() const override;
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };

@@ -14,12 +14,16 @@
 //   6 down GEMV + step 4's output
 // Layer i+1 reads layer i's output; nothing outside the layers reads what they compute in
 // between. The steps that only fed the folded layers (the mask, the cos/sin gathers) go too.
+// When the last layer's output feeds only the head, the head is folded in as well:
+//   7 lm_head GEMV: RMSNorm prologue (the final norm), a constant [vocab, hidden] weight
+//   8 argmax over its vocab outputs (the token); the logits may still be a program output
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
 #include <sstream>
 
+#include "ops/argmax_ops.h"
 #include "ops/attention_ops.h"
 #include "ops/decode_layers_ops.h"
 #include "ops/gather_ops.h"
@@ -136,6 +140,32 @@ class Matcher {
     internal_.insert({root(g1->out), root(rq->out), root(c.out), root(g2->out), root(g3->out)});
     if (split) internal_.insert(root(at->partials));
     return L;
+  }
+
+  // The head at steps [j, j + 2) reading the last layer's output `x`: the lm_head GEMV with the
+  // final RMSNorm, then the argmax of its row. Fills the plan's head fields.
+  void head(size_t j, int x, DecodeLayersPlan* dl) {
+    require(j + 2 <= plan_.ops.size(), "no lm_head and argmax after the layers");
+    const GemmPlan* lm = plan_.ops[j].as<GemmPlan>();
+    const ops::ArgmaxPlan* am = plan_.ops[j + 1].as<ops::ArgmaxPlan>();
+    require(lm && am, "the layers are not followed by an lm_head product and its argmax");
+    plain_gemv(*lm, "the lm_head");
+    require(lm->rms_norm && lm->norm_weight >= 0 && root(lm->a) == root(x) && lm->c < 0 && lm->loop_members.empty() &&
+                lm->k == shape_.hidden,
+            "the lm_head does not normalize the last layer's output alone");
+    require(val(lm->norm_weight).is_constant && val(lm->norm_weight).dtype == shape_.dtype &&
+                val(lm->norm_weight).numel() == shape_.hidden,
+            "the final RMSNorm's weight is not a constant of the model's dtype");
+    require(val(lm->b).shape == std::vector<int64_t>{lm->n, shape_.hidden}, "the lm_head's weight is not [vocab, hidden]");
+    require(root(am->input) == root(lm->out) && am->reduced == lm->n && am->outer == 1 && am->inner == 1 &&
+                val(am->out).dtype == engine::DType::kInt64,
+            "the argmax is not over the lm_head's whole row");
+    dl->shape.vocab = lm->n;
+    dl->shape.head_eps = lm->norm_eps;
+    dl->head_w = lm->b;
+    dl->head_norm = lm->norm_weight;
+    dl->logits = lm->out;
+    dl->token = am->out;
   }
 
   ops::DecodeLayersShape shape_;
@@ -347,7 +377,7 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
     }
   }
   if (layers.empty()) return not_folded(stopped);
-  const size_t end = j;  // the folded steps are [start, end)
+  size_t end = j;  // the folded steps are [start, end)
   DecodeLayersPlan dl;
   dl.shape = m.shape_;
   dl.shape.layers = static_cast<int64_t>(layers.size());
@@ -356,6 +386,29 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   dl.out = x;
   dl.positions = m.positions_;
   dl.layers = layers;
+  // The head too, when the last layer's output feeds nothing else and the shapes fit.
+  try {
+    DecodeLayersPlan with_head = dl;
+    m.head(end, x, &with_head);
+    const std::vector<bool> kept = kept_storage(graph, plan);
+    const int last = plan.storage_of(x);
+    m.require(!(last < static_cast<int>(kept.size()) && kept[last]), "the last layer's output is kept");
+    for (size_t i = 0; i < plan.ops.size(); ++i)
+      if ((i < start || i >= end) && i != end) {
+        for (int r : plan.ops[i].reads())
+          m.require(plan.storage_of(r) != last, "the last layer's output is read by more than the lm_head");
+      }
+    const int logits = plan.storage_of(with_head.logits);
+    for (size_t i = 0; i < plan.ops.size(); ++i)
+      if (i != end + 1)
+        for (int r : plan.ops[i].reads()) m.require(plan.storage_of(r) != logits, "the logits are read by more than the argmax");
+    m.require(ops::decode_layers_unsupported(with_head.shape).empty(), ops::decode_layers_unsupported(with_head.shape));
+    dl = with_head;
+    end += 2;
+    m.internal_.insert(last);
+  } catch (const NotFolded&) {
+    // The layers alone: the head stays two steps of its own.
+  }
   try {
     const std::string unsupported = ops::decode_layers_unsupported(dl.shape);
     m.require(unsupported.empty(), unsupported);

@@ -30,20 +30,27 @@ bool contains(const std::vector<uint8_t>& image, const std::string& text) {
   return std::search(image.begin(), image.end(), text.begin(), text.end()) != image.end();
 }
 
-TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16) {
-  for (engine::DType dtype : {engine::DType::kBFloat16, engine::DType::kFloat16}) {
-    DecodeLayersShape s = bench_shape();
-    s.dtype = dtype;
-    s.layers = 3;  // the cache parameters are per layer
-    const std::string name = "kiln_decode_layers_t" + std::to_string(static_cast<int>(dtype));
-    const std::string src = decode_layers_kernel_source(s, DecodeLayersKernelOptions{}, name);
-    EXPECT_NE(src.find("k_cache_2"), std::string::npos);
-    EXPECT_EQ(src.find("k_cache_3"), std::string::npos);
-    EXPECT_EQ(src.find("@"), std::string::npos) << "a token was left unreplaced";
-    const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
-    ASSERT_EQ(m.cubins.size(), 1u);
-    EXPECT_TRUE(contains(m.cubins[0].image, name));
-  }
+TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHead) {
+  for (engine::DType dtype : {engine::DType::kBFloat16, engine::DType::kFloat16})
+    for (int64_t vocab : {0, 512}) {
+      DecodeLayersShape s = bench_shape();
+      s.dtype = dtype;
+      s.layers = 3;  // the cache parameters are per layer
+      s.vocab = vocab;
+      const std::string name = "kiln_decode_layers_t" + std::to_string(static_cast<int>(dtype)) + "_" +
+                               std::to_string(vocab);
+      const std::string src = decode_layers_kernel_source(s, DecodeLayersKernelOptions{}, name);
+      EXPECT_NE(src.find("k_cache_2"), std::string::npos);
+      EXPECT_EQ(src.find("k_cache_3"), std::string::npos);
+      EXPECT_EQ(src.find("@"), std::string::npos) << "a token was left unreplaced";
+      // The head's parameters and output type only with a head.
+      EXPECT_EQ(src.find("const unsigned short* __restrict__ head_norm") != std::string::npos, vocab > 0);
+      EXPECT_EQ(src.find("(long long* out") != std::string::npos, vocab > 0);
+      EXPECT_EQ(decode_layers_sync_bytes(s), 16 + 16 * s.hidden + (vocab > 0 ? 16 : 0));
+      const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
+      ASSERT_EQ(m.cubins.size(), 1u);
+      EXPECT_TRUE(contains(m.cubins[0].image, name));
+    }
 }
 
 TEST(DecodeLayersKernel, TraceAddsItsParameter) {
@@ -67,6 +74,7 @@ TEST(DecodeLayersKernel, RefusesShapesItWasNotBuiltFor) {
       {[](DecodeLayersShape& s) { s.intermediate = 4100; }, "intermediate size 4100"},
       {[](DecodeLayersShape& s) { s.dtype = engine::DType::kFloat32; }, "bf16 or fp16"},
       {[](DecodeLayersShape& s) { s.layers = 0; }, "0 layers"},
+      {[](DecodeLayersShape& s) { s.vocab = 500; }, "a vocabulary of 500 (the head takes a multiple of 8)"},
   };
   for (const Case& c : cases) {
     DecodeLayersShape s = bench_shape();

@@ -30,13 +30,13 @@ SHAPE = LlamaSize(hidden=1024, intermediate=4096, layers=LAYERS, heads=16, kv_he
 MAX_LEN = 96
 
 
-def decode_program(size: LlamaSize, dtype=torch.bfloat16, max_len=MAX_LEN):
+def decode_program(size: LlamaSize, dtype=torch.bfloat16, max_len=MAX_LEN, return_logits=False):
     llama_kv.SIZES["_persistent_test"] = size
     try:
         lm = llama_kv.build_hf("_persistent_test", seed=5, dtype=dtype)
     finally:
         del llama_kv.SIZES["_persistent_test"]
-    model = KVLlama(lm, max_len).eval()
+    model = KVLlama(lm, max_len, return_logits).eval()
     return torch.export.export(model, (torch.tensor([[3]]), torch.tensor([7])))
 
 
@@ -57,8 +57,8 @@ def bench_decode():
 def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     program = decode_program(SHAPE, max_len=max_len)
     compiled, lines = compile_decode(program, capsys, target_sms=[90], persistent_decode=True)
-    assert lines == [f"kiln: persistent_decode: the decode layers are one persistent kernel "
-                     f"({per_layer * LAYERS + 4} steps -> 1)"]
+    assert lines == [f"kiln: persistent_decode: the decode layers and the head (final norm, lm_head, argmax) are "
+                     f"one persistent kernel ({per_layer * LAYERS + 6} steps -> 1)"]
     pte = tmp_path / "decode.pte"
     kiln.save(compiled, pte)
     engine, fallback = inspect_pte(pte)["engines"]
@@ -72,7 +72,7 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     total = sum(n["nbytes"] for n in fallback["named_weights"])
     assert sum(n["nbytes"] for n in extra) < total / 1000, extra
     labels = [s["label"] for s in engine["steps"]]
-    assert labels == ["embedding", "decode_layers", "rms_norm+linear", "argmax"]
+    assert labels == ["embedding", "decode_layers"]
     step = engine["steps"][1]
     assert step["min_blocks"] > 0 and step["grid"][0] >= step["min_blocks"] and step["block"] == [288, 1, 1]
     module = engine["modules"][step["module"]]
@@ -85,6 +85,27 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     states = [t["name"] for t in engine["tensors"] if t["storage"] == "state"]
     assert len(states) == 2 * LAYERS + 1  # the caches and the sync area
     assert sum(name.endswith("/decode_layers_sync") for name in states) == 1
+
+
+# The head (final norm, lm_head, argmax) folds in with the layers; the logits stay a program output
+# when the program returns them (the kernel writes them). A vocabulary the head's 8-row stages do
+# not divide leaves the head as its own two steps and folds the layers alone.
+@pytest.mark.parametrize("case", ["logits", "odd_vocab"])
+def test_the_head_folds_with_the_layers_when_it_can(case, tmp_path, capsys):
+    shape = SHAPE if case == "logits" else LlamaSize(1024, 4096, LAYERS, 16, 8, vocab=500)
+    program = decode_program(shape, return_logits=case == "logits")
+    compiled, lines = compile_decode(program, capsys, target_sms=[90], persistent_decode=True)
+    assert len(lines) == 1 and "are one persistent kernel" in lines[0], lines
+    assert ("and the head" in lines[0]) == (case == "logits"), lines
+    pte = tmp_path / "decode.pte"
+    kiln.save(compiled, pte)
+    engine = inspect_pte(pte)["engines"][0]
+    labels = [s["label"] for s in engine["steps"]]
+    if case == "logits":
+        assert labels == ["embedding", "decode_layers"]
+        assert len(engine["outputs"]) == 2  # the token and the logits
+    else:
+        assert labels == ["embedding", "decode_layers", "rms_norm+linear", "argmax"]
 
 
 def test_a_prefill_says_there_is_nothing_to_fold(capsys):
