@@ -476,11 +476,12 @@ const std::vector<Pass>& passes() {
          op_options.min_target_sm = static_cast<int>(*std::min_element(o.target_sms.begin(), o.target_sms.end()));
          std::string why;
          const int removed = passes::fold_decode_layers(s.graph, s.plan, op_options, &why);
-         bool head = false;
+         bool head = false, embed = false;
          for (const ops::PlannedOp& op : s.plan.ops)
-           if (const auto* dl = op.as<ops::DecodeLayersPlan>()) head = dl->shape.vocab > 0;
+           if (const auto* dl = op.as<ops::DecodeLayersPlan>()) head = dl->shape.vocab > 0, embed = dl->shape.embed_rows > 0;
          if (o.progress)
-           o.progress(removed > 0 ? std::string("persistent_decode: the decode layers") +
+           o.progress(removed > 0 ? std::string("persistent_decode: ") + (embed ? "the embedding, " : "") +
+                                        "the decode layers" +
                                         (head ? " and the head (final norm, lm_head, argmax)" : "") +
                                         " are one persistent kernel (" + std::to_string(removed + 1) + " steps -> 1)"
                                   : "persistent_decode: not applied: " + why);

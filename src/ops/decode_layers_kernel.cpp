@@ -43,6 +43,9 @@ constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInfligh
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
 // The head (kVocab > 0): the final RMSNorm, the lm_head rows in 8-row stages, their argmax.
 constexpr int kVocab = @VOCAB@, kHeadStages = kVocab / 8;
+// kEmbedRows > 0: x_in is the embedding table [kEmbedRows][hidden] and the token (token_in) picks
+// the row, wrapped once when negative and clamped, as Kiln's gather does.
+constexpr long long kEmbedRows = @EMBED_ROWS@;
 constexpr float kHeadEps = @HEAD_EPS@;
 typedef unsigned short T;  // @DTYPE@ storage
 
@@ -229,6 +232,13 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   const int tasks = has_a ? kATasks : 2 * (per + (b - kABlocks < extra ? 1 : 0));
   const int g = c, down_stages = tasks / 2;
   const long long pos = *pos_in;
+  const T* x_row = x_in;  // the first layer's input row
+  if (kEmbedRows > 0) {
+    long long t = *token_in;
+    if (t < 0) t += kEmbedRows;
+    t = t < 0 ? 0 : (t >= kEmbedRows ? kEmbedRows - 1 : t);
+    x_row = x_in + (size_t)t * kHidden;
+  }
   const bool bad_pos = pos < 0 || pos >= kMaxLen;  // no cache row written, the output NaN
   const int P = bad_pos ? 0 : static_cast<int>(pos);  // cached rows before the token; its own row is P
   // The cached rows [0, P) in 64-row stages, split evenly among the cluster's blocks: this block
@@ -373,7 +383,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     float ss = 0.f;
     for (int j = tid; j < kHidden; j += kCT) {
-      const float v = p == 0 ? ld1(x_in[j]) : __ldcg(row(p) + j);
+      const float v = p == 0 ? ld1(x_row[j]) : __ldcg(row(p) + j);
       S.xs[j] = v;
       ss += v * v;
     }
@@ -712,6 +722,7 @@ std::string decode_layers_unsupported(const DecodeLayersShape& s) {
   if (s.intermediate <= 0 || s.intermediate % 8 != 0)
     return why("intermediate size %lld (a multiple of %lld)", s.intermediate, 8);
   if (s.layers < 1 || s.max_len < 1) return why("%lld layers, max_len %lld", s.layers, s.max_len);
+  if (s.embed_rows < 0) return why("an embedding of %lld rows (%lld: none)", s.embed_rows, 0);
   if (s.vocab < 0 || s.vocab % 8 != 0 || s.vocab > (int64_t{1} << 30))
     return why("a vocabulary of %lld (the head takes a multiple of %lld)", s.vocab, 8);
   return "";
@@ -775,11 +786,13 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
+  replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));
   replace_all(src, "@OUT_T@", shape.vocab > 0 ? "long long" : "unsigned short");
-  replace_all(src, "@HEAD_LOCALS@",
-              shape.vocab > 0 ? "" : "  unsigned short* const logits = nullptr;\n  const unsigned short* const head_w = nullptr;\n"
-                                     "  const unsigned short* const head_norm = nullptr;");
+  std::string locals = shape.vocab > 0 ? "" : "  unsigned short* const logits = nullptr;\n  const unsigned short* const head_w = nullptr;\n"
+                                               "  const unsigned short* const head_norm = nullptr;\n";
+  if (shape.embed_rows == 0) locals += "  const long long* const token_in = nullptr;\n";
+  replace_all(src, "@HEAD_LOCALS@", locals);
   replace_all(src, "@DTYPE@", bf16 ? "bf16" : "fp16");
   replace_all(src, "@PAIR@",
               bf16 ? "  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));"
@@ -801,6 +814,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   if (shape.vocab > 0)
     params << ", unsigned short* logits, const unsigned short* __restrict__ head_w, "
               "const unsigned short* __restrict__ head_norm";
+  if (shape.embed_rows > 0) params << ", const long long* token_in";
   if (o.trace) params << ", unsigned long long* trace";
   replace_all(src, "@CACHE_PARAMS@", params.str());
   replace_all(src, "@K_CACHES@", ks.str());

@@ -23,6 +23,8 @@
 //   the logits, and three more follow:
 //     T* logits [vocab]; const T* head_w, the lm_head [vocab][hidden] as the model has it (8
 //     consecutive rows are one stage: no repacking); const T* head_norm, the final RMSNorm [hidden]
+//   with the embedding (DecodeLayersShape::embed_rows > 0) `x` is the embedding table and
+//     const long long* token_in follows (before `trace`): the token whose row is the input
 //   unsigned long long* trace   only when DecodeLayersKernelOptions::trace
 // Launch: gridDim.x a multiple of 8 (clusters of 8, compiled in), at least 8 * kv_heads blocks,
 // all co-resident (the blocks wait on each other); 288 threads; decode_layers_shared_bytes(opts)
@@ -52,6 +54,9 @@ struct DecodeLayersShape {
   // their argmax): the kernel then writes the token (int64) as its output and the logits.
   int64_t vocab = 0;
   double head_eps = 1e-5;
+  // > 0: the embedding is folded in too: `x` is the embedding table [embed_rows][hidden] and a
+  // last parameter, the token (long long [1]), picks the row.
+  int64_t embed_rows = 0;
 };
 
 // Why the persistent kernel cannot run `shape`, or "" when it can. This version takes the

@@ -23,6 +23,7 @@ std::vector<int> DecodeLayersPlan::reads() const {
   for (const Layer& l : layers)
     r.insert(r.end(), {l.norm1, l.norm2, l.qkv, l.o, l.gate_up, l.down, l.k_cache, l.v_cache});
   if (shape.vocab > 0) r.insert(r.end(), {head_norm, head_w});
+  if (shape.embed_rows > 0) r.push_back(token_in);
   return r;
 }
 
@@ -116,6 +117,7 @@ void DecodeLayersPlan::lower(LowerContext& ctx, engine::Step& step) const {
   for (const Layer& l : layers) ks.args.push_back(ctx.tensor_arg(l.v_cache));
   if (shape.vocab > 0)
     ks.args.insert(ks.args.end(), {ctx.tensor_arg(logits), ctx.tensor_arg(head_w), ctx.tensor_arg(head_norm)});
+  if (shape.embed_rows > 0) ks.args.push_back(ctx.tensor_arg(token_in));
 }
 
 }  // namespace kiln::ops

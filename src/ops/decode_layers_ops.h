@@ -39,6 +39,9 @@ struct DecodeLayersPlan : StepPlanBase<DecodeLayersPlan> {
   // With the head folded in (shape.vocab > 0): the final RMSNorm's weight, the lm_head's weight
   // [vocab, hidden], the logits row it writes and the argmax's token (the step's output).
   int head_norm = -1, head_w = -1, logits = -1, token = -1;
+  // With the embedding folded in (shape.embed_rows > 0): `x` is the embedding table and this the
+  // token input (int64 [1]) that picks its row.
+  int token_in = -1;
 
   std::vector<int> reads() const override;
   int writes() const override { return shape.vocab > 0 ? token : out; }

@@ -17,6 +17,8 @@
 // When the last layer's output feeds only the head, the head is folded in as well:
 //   7 lm_head GEMV: RMSNorm prologue (the final norm), a constant [vocab, hidden] weight
 //   8 argmax over its vocab outputs (the token); the logits may still be a program output
+// And when the first layer's input is an embedding row that feeds nothing else, the embedding
+// (a gather of one row of a constant table at a one-token input) is folded in too.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -409,6 +411,39 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   } catch (const NotFolded&) {
     // The layers alone: the head stays two steps of its own.
   }
+  // The embedding too.
+  size_t embed_at = plan.ops.size();
+  try {
+    const int x0 = plan.storage_of(dl.x);
+    for (size_t i = 0; i < start; ++i)
+      if (plan.storage_of(plan.ops[i].writes()) == x0) embed_at = i;
+    m.require(embed_at < start, "the first layer's input is not made by a step before the layers");
+    const ops::GatherPlan* gp = plan.ops[embed_at].as<ops::GatherPlan>();
+    m.require(gp != nullptr, "the first layer's input is not a gather");
+    const ir::Value& table = graph.value(gp->data);
+    m.require(table.is_constant && table.dtype == dl.shape.dtype && table.shape.size() == 2 &&
+                  table.shape[1] == dl.shape.hidden && graph.value(gp->out).numel() == dl.shape.hidden,
+              "the first layer's input is not a row of a constant [rows, hidden] table");
+    m.require(gp->indices.size() == 1 && gp->source.size() == 2 && gp->source[0] == -1 && gp->source[1] >= 0 &&
+                  gp->indices[0].map.base == 0,
+              "the embedding is not one row picked by one index");
+    const int token = gp->indices[0].value;
+    const ir::Value& tv = graph.value(token);
+    m.require(tv.dtype == engine::DType::kInt64 && tv.numel() == 1 &&
+                  std::find(graph.inputs().begin(), graph.inputs().end(), token) != graph.inputs().end(),
+              "the embedding's index is not an int64 input of one element");
+    const std::vector<bool> kept = kept_storage(graph, plan);
+    m.require(!(x0 < static_cast<int>(kept.size()) && kept[x0]), "the embedding row is kept");
+    for (size_t i = 0; i < plan.ops.size(); ++i)
+      if (i < start || i >= end)
+        for (int r : plan.ops[i].reads())
+          m.require(plan.storage_of(r) != x0, "the embedding row is read by more than the layers");
+    dl.shape.embed_rows = table.shape[0];
+    dl.x = gp->data;
+    dl.token_in = token;
+  } catch (const NotFolded&) {
+    embed_at = plan.ops.size();  // the embedding stays a step of its own
+  }
   try {
     const std::string unsupported = ops::decode_layers_unsupported(dl.shape);
     m.require(unsupported.empty(), unsupported);
@@ -438,9 +473,13 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   } catch (const NotFolded& e) {
     return not_folded(e.why);
   }
-  const size_t folded = end - start;
+  size_t folded = end - start;
   plan.ops.erase(plan.ops.begin() + static_cast<std::ptrdiff_t>(start), plan.ops.begin() + static_cast<std::ptrdiff_t>(end));
   plan.ops.insert(plan.ops.begin() + static_cast<std::ptrdiff_t>(start), PlannedOp("decode_layers", std::move(dl)));
+  if (embed_at < start) {
+    plan.ops.erase(plan.ops.begin() + static_cast<std::ptrdiff_t>(embed_at));
+    ++folded;
+  }
   // Steps whose results nobody reads any more (the mask, the cos/sin gathers) go.
   size_t dropped = 0;
   for (bool changed = true; changed;) {

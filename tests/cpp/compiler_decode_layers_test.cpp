@@ -30,15 +30,17 @@ bool contains(const std::vector<uint8_t>& image, const std::string& text) {
   return std::search(image.begin(), image.end(), text.begin(), text.end()) != image.end();
 }
 
-TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHead) {
+TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHeadAndEmbedding) {
   for (engine::DType dtype : {engine::DType::kBFloat16, engine::DType::kFloat16})
-    for (int64_t vocab : {0, 512}) {
+    for (int64_t folded : {0, 1, 2}) {  // the layers; and the head; and the embedding
+      const int64_t vocab = folded > 0 ? 512 : 0, embed_rows = folded > 1 ? 512 : 0;
       DecodeLayersShape s = bench_shape();
       s.dtype = dtype;
       s.layers = 3;  // the cache parameters are per layer
       s.vocab = vocab;
+      s.embed_rows = embed_rows;
       const std::string name = "kiln_decode_layers_t" + std::to_string(static_cast<int>(dtype)) + "_" +
-                               std::to_string(vocab);
+                               std::to_string(folded);
       const std::string src = decode_layers_kernel_source(s, DecodeLayersKernelOptions{}, name);
       EXPECT_NE(src.find("k_cache_2"), std::string::npos);
       EXPECT_EQ(src.find("k_cache_3"), std::string::npos);
@@ -46,6 +48,7 @@ TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHead) {
       // The head's parameters and output type only with a head.
       EXPECT_EQ(src.find("const unsigned short* __restrict__ head_norm") != std::string::npos, vocab > 0);
       EXPECT_EQ(src.find("(long long* out") != std::string::npos, vocab > 0);
+      EXPECT_EQ(src.find(", const long long* token_in") != std::string::npos, embed_rows > 0);
       EXPECT_EQ(decode_layers_sync_bytes(s), 16 + 16 * s.hidden + (vocab > 0 ? 16 : 0));
       const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
       ASSERT_EQ(m.cubins.size(), 1u);

@@ -57,8 +57,8 @@ def bench_decode():
 def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     program = decode_program(SHAPE, max_len=max_len)
     compiled, lines = compile_decode(program, capsys, target_sms=[90], persistent_decode=True)
-    assert lines == [f"kiln: persistent_decode: the decode layers and the head (final norm, lm_head, argmax) are "
-                     f"one persistent kernel ({per_layer * LAYERS + 6} steps -> 1)"]
+    assert lines == [f"kiln: persistent_decode: the embedding, the decode layers and the head (final norm, lm_head, "
+                     f"argmax) are one persistent kernel ({per_layer * LAYERS + 7} steps -> 1)"]
     pte = tmp_path / "decode.pte"
     kiln.save(compiled, pte)
     engine, fallback = inspect_pte(pte)["engines"]
@@ -72,8 +72,8 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     total = sum(n["nbytes"] for n in fallback["named_weights"])
     assert sum(n["nbytes"] for n in extra) < total / 1000, extra
     labels = [s["label"] for s in engine["steps"]]
-    assert labels == ["embedding", "decode_layers"]
-    step = engine["steps"][1]
+    assert labels == ["decode_layers"]
+    step = engine["steps"][0]
     assert step["min_blocks"] > 0 and step["grid"][0] >= step["min_blocks"] and step["block"] == [288, 1, 1]
     module = engine["modules"][step["module"]]
     assert module["name"] == step["function"] and module["sms"] == [90]
@@ -102,10 +102,10 @@ def test_the_head_folds_with_the_layers_when_it_can(case, tmp_path, capsys):
     engine = inspect_pte(pte)["engines"][0]
     labels = [s["label"] for s in engine["steps"]]
     if case == "logits":
-        assert labels == ["embedding", "decode_layers"]
+        assert labels == ["decode_layers"]
         assert len(engine["outputs"]) == 2  # the token and the logits
     else:
-        assert labels == ["embedding", "decode_layers", "rms_norm+linear", "argmax"]
+        assert labels == ["decode_layers", "rms_norm+linear", "argmax"]
 
 
 def test_a_prefill_says_there_is_nothing_to_fold(capsys):
