@@ -415,19 +415,31 @@ uint32_t expected_grid(const engine::KernelModule& module, int sm, int sm_count,
   return static_cast<uint32_t>(grid);
 }
 
-class PersistentGridGpu : public ::testing::TestWithParam<bool> {};  // param: cluster kernel
+// param: cluster kernel. SetUp skips without an sm_90+ GPU that has the shared memory, and
+// compiles the test kernels for it.
+class PersistentGridGpu : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    cluster_ = GetParam();
+    auto device = query_device(0);
+    ASSERT_TRUE(device.is_ok()) << device.status().to_string();
+    device_ = device.value();
+    if (device_.sm < 90) GTEST_SKIP() << "clusters and programmatic launches need sm_90+; this GPU is sm_" << device_.sm;
+    if (device_.max_shared_per_block_optin < kPersistentShared)
+      GTEST_SKIP() << "needs " << kPersistentShared << " bytes of shared memory per block";
+    ASSERT_TRUE(compile(cluster_ ? "persistent_cluster" : "persistent", persistent_source(cluster_),
+                        static_cast<uint32_t>(device_.sm), &module_, /*grid_dependency=*/true));
+  }
+  bool cluster_ = false;
+  DeviceInfo device_;
+  engine::KernelModule module_;
+};
 
 TEST_P(PersistentGridGpu, GridIsTheCoResidentCountAndAllBlocksMeet) {
-  SKIP_WITHOUT_GPU();
-  const bool cluster = GetParam();
-  auto device = query_device(0);
-  ASSERT_TRUE(device.is_ok()) << device.status().to_string();
-  if (device->sm < 90) GTEST_SKIP() << "clusters and programmatic launches need sm_90+; this GPU is sm_" << device->sm;
-  if (device->max_shared_per_block_optin < kPersistentShared)
-    GTEST_SKIP() << "needs " << kPersistentShared << " bytes of shared memory per block";
-  engine::KernelModule module;
-  ASSERT_TRUE(compile(cluster ? "persistent_cluster" : "persistent", persistent_source(cluster),
-                      static_cast<uint32_t>(device->sm), &module, /*grid_dependency=*/true));
+  const bool cluster = cluster_;
+  const DeviceInfo* device = &device_;
+  const engine::KernelModule& module = module_;
   const uint32_t want = expected_grid(module, device->sm, device->sm_count, cluster);
   ASSERT_GE(want, 2u);
   ASSERT_LT(want, kMaxGrid) << "grid[0] must be larger than what fits, for this test";
@@ -478,16 +490,9 @@ TEST_P(PersistentGridGpu, GridIsTheCoResidentCountAndAllBlocksMeet) {
 }
 
 TEST_P(PersistentGridGpu, MoreMinBlocksThanFitIsRefusedNamingTheStep) {
-  SKIP_WITHOUT_GPU();
-  const bool cluster = GetParam();
-  auto device = query_device(0);
-  ASSERT_TRUE(device.is_ok()) << device.status().to_string();
-  if (device->sm < 90) GTEST_SKIP() << "clusters need sm_90+; this GPU is sm_" << device->sm;
-  if (device->max_shared_per_block_optin < kPersistentShared)
-    GTEST_SKIP() << "needs " << kPersistentShared << " bytes of shared memory per block";
-  engine::KernelModule module;
-  ASSERT_TRUE(compile(cluster ? "persistent_cluster" : "persistent", persistent_source(cluster),
-                      static_cast<uint32_t>(device->sm), &module, /*grid_dependency=*/true));
+  const bool cluster = cluster_;
+  const DeviceInfo* device = &device_;
+  const engine::KernelModule& module = module_;
   const uint32_t fits = expected_grid(module, device->sm, device->sm_count, cluster);
   ASSERT_LT(fits, kMaxGrid);
   auto loaded = Engine::load(persistent_engine(module, fits + 1), 0);
@@ -507,23 +512,13 @@ TEST_P(PersistentGridGpu, MoreMinBlocksThanFitIsRefusedNamingTheStep) {
 // blocks could never all be resident: execute refuses that stream, naming the step, and the same
 // context still runs on the whole GPU afterwards.
 TEST_P(PersistentGridGpu, AStreamWithTooFewSmsIsRefusedAtExecute) {
-  SKIP_WITHOUT_GPU();
-  const bool cluster = GetParam();
-  auto device = query_device(0);
-  ASSERT_TRUE(device.is_ok()) << device.status().to_string();
-  if (device->sm < 90) GTEST_SKIP() << "clusters need sm_90+; this GPU is sm_" << device->sm;
-  if (device->max_shared_per_block_optin < kPersistentShared)
-    GTEST_SKIP() << "needs " << kPersistentShared << " bytes of shared memory per block";
   kiln::tools::DeviceSmInfo sms;
   if (std::string why = kiln::tools::query_device_sms(&sms); !why.empty()) GTEST_SKIP() << "no green contexts: " << why;
   std::unique_ptr<kiln::tools::GreenContext> green;
   const unsigned few = std::max(sms.min_partition, std::min(16u, sms.sm_count / 4));
   if (std::string why = kiln::tools::GreenContext::create(few, &green); !why.empty())
     GTEST_SKIP() << "no green context of " << few << " SMs: " << why;
-  engine::KernelModule module;
-  ASSERT_TRUE(compile(cluster ? "persistent_cluster" : "persistent", persistent_source(cluster),
-                      static_cast<uint32_t>(device->sm), &module, /*grid_dependency=*/true));
-  auto loaded = Engine::load(persistent_engine(module, 2), 0);
+  auto loaded = Engine::load(persistent_engine(module_, 2), 0);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   std::shared_ptr<const Engine> eng(std::move(loaded).value());
   KernelStepLaunch launch;
