@@ -9,7 +9,9 @@
 # Usage: KILN_GPU_BUNDLE=.gpu_carry bash scripts/gpu_llm.sh [commit]
 # Carries: $KILN_GPU_BUNDLE/llm_bench (export_llama.py --size bench
 # --external-weights, then llm_weights.py pack into llm_bench/recipe).
-# Writes $OUT/llm_bench.{md,json} and $OUT/llm_profile.txt.
+#   3. the persistent_decode program, when carried, on a 32-SM green context (its
+#      fallback engine must run the calls).
+# Writes $OUT/llm_bench.{md,json}, $OUT/llm_profile.txt, $OUT/llm_persistent_fallback.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 carry=${KILN_GPU_BUNDLE:-.gpu_carry}
@@ -27,6 +29,15 @@ PYTHONUNBUFFERED=1 python3 benchmarks/llm_bench.py --bundle "$bundle" --binary "
   --commit "$commit" ${KILN_LLM_PEERS:+--peers "$KILN_LLM_PEERS"} 2>&1 | grep -vE "^I |Warning|warn\(" | tail -40
 read -r pte ptd < <(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['pte'], m['ptd'])" \
   "$bundle/manifest.json")
+# The persistent_decode program on a green context too small for its grid: its fallback engine
+# (the usual one, stored beside it) must run the calls, with one log line, never hang.
+if [ -f "$bundle/persistent_decode/$pte" ]; then
+  { echo "== persistent_decode on a 32-SM green context (the fallback engine runs the calls)"
+    timeout 120 "$runner" --model_path="$bundle/persistent_decode/$pte" --data_path="$bundle/$ptd" --method=decode \
+      --green_context_sms=32 --use_cuda_graphs=true --cuda_events=true --num_runs=50 --warmup=5 2>&1 |
+      grep -E "fallback|latency|rror" | cut -c1-300
+    echo "exit ${PIPESTATUS[0]}"; } | tee "$out/llm_persistent_fallback.txt"
+fi
 : >"$out/llm_profile.txt"
 for method in decode prefill; do
   KILN_PROFILE_STEPS=1 "$runner" --model_path="$bundle/$pte" --data_path="$bundle/$ptd" --method="$method" \
