@@ -34,6 +34,7 @@ constexpr int kMaxLen = @MAX_LEN@;
 constexpr float kEps = @EPS@, kScale = 0.125f;  // 1 / sqrt(head_dim)
 constexpr int kCluster = 8, kABlocks = kKvHeads * kCluster;  // phase A: a cluster a kv head
 constexpr int kConsumers = 8, kThreads = 32 * (kConsumers + 1), kCT = 32 * kConsumers;
+static_assert(kHidden % kCT == 0, "a consumer thread normalizes kHidden / kCT elements");
 constexpr int kStageBytes = 16384, kStageElems = kStageBytes / 2;
 constexpr int kTasks = kInter / 4, kMaxTasks = 16, kATasks = @A_TASKS@;
 constexpr int kAStages = 6;  // a phase-A block's packed stages: q (2 heads), k, v, o (2 halves)
@@ -369,6 +370,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   // row is read once a block: every warp reading it itself (the session-38 "warp_norm") made the
   // 960 warps hit the same 32 L2 lines at once, 2.9 against 1.2 us, 0.469 against 0.381 ms a token.
   auto begin_phase = [&](int p, const T* gamma, float (&xr)[32]) {
+    // The norm weights do not depend on the wait: read before it, not after the reduction (a
+    // dependent global load on the chain).
+    float gam[kHidden / kCT];
+#pragma unroll
+    for (int q = 0; q < kHidden / kCT; ++q) gam[q] = ld1(gamma[tid + q * kCT]);
     if (p > 0 && tid == 0) {
       const unsigned* counter = sync + (p % 2 ? 0 : 1);
       const unsigned target = p % 2 ? base_a + (unsigned)(p / 2 + 1) * kABlocks : base_b + (unsigned)(p / 2) * nblocks;
@@ -394,7 +400,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
 #pragma unroll
     for (int w = 0; w < kConsumers; ++w) tot += S.red[w];
     const float rstd = rsqrtf(tot / kHidden + (p == kPhases ? kHeadEps : kEps));
-    for (int j = tid; j < kHidden; j += kCT) S.xn[j] = S.xs[j] * rstd * ld1(gamma[j]);
+#pragma unroll
+    for (int q = 0; q < kHidden / kCT; ++q) S.xn[tid + q * kCT] = S.xs[tid + q * kCT] * rstd * gam[q];
     consumers_sync();
     mark(p, 1);
     load_x(xr, S.xn, lane);
