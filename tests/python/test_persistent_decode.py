@@ -20,7 +20,7 @@ import llama_kv  # noqa: E402
 from llama_kv import KVLlama, LlamaSize  # noqa: E402
 
 import kiln  # noqa: E402
-from kiln.inspect import inspect_pte  # noqa: E402
+from kiln.inspect import describe, inspect_pte  # noqa: E402
 
 pytestmark = pytest.mark.needs_compiler
 
@@ -61,7 +61,11 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
                      f"argmax) are one persistent kernel ({per_layer * LAYERS + 7} steps -> 1)"]
     pte = tmp_path / "decode.pte"
     kiln.save(compiled, pte)
-    engine, fallback = inspect_pte(pte)["engines"]
+    info = inspect_pte(pte)
+    engine, fallback = info["engines"]
+    titles = [line for line in describe(info).splitlines() if line.startswith("engine ")]
+    assert titles[0].startswith("engine 0 (KilnBackend in 'decode'): ")
+    assert titles[1].startswith("engine 0 (KilnBackend in 'decode') fallback 1 (runs where the engine before it cannot")
     # The usual engine rides along as the persistent one's fallback (alternatives of one variant set),
     # on the same named weights: nothing stored twice.
     assert engine["variant"]["alternative"] == 0 and fallback["variant"]["alternative"] == 1
