@@ -388,23 +388,27 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   dl.out = x;
   dl.positions = m.positions_;
   dl.layers = layers;
+  // What is kept depends on the graph's outputs and states only (not on the steps): once.
+  const std::vector<bool> kept = kept_storage(graph, plan);
+  auto is_kept = [&](int storage) { return storage < static_cast<int>(kept.size()) && kept[storage]; };
+  auto read_only_within = [&](int storage, size_t first, size_t last) {  // by steps [first, last) alone
+    for (size_t i = 0; i < plan.ops.size(); ++i)
+      if (i < first || i >= last)
+        for (int r : plan.ops[i].reads())
+          if (plan.storage_of(r) == storage) return false;
+    return true;
+  };
   // The head too, when the last layer's output feeds nothing else and the shapes fit.
   try {
     DecodeLayersPlan with_head = dl;
     m.head(end, x, &with_head);
-    const std::vector<bool> kept = kept_storage(graph, plan);
     const int last = plan.storage_of(x);
-    m.require(!(last < static_cast<int>(kept.size()) && kept[last]), "the last layer's output is kept");
-    for (size_t i = 0; i < plan.ops.size(); ++i)
-      if ((i < start || i >= end) && i != end) {
-        for (int r : plan.ops[i].reads())
-          m.require(plan.storage_of(r) != last, "the last layer's output is read by more than the lm_head");
-      }
-    const int logits = plan.storage_of(with_head.logits);
-    for (size_t i = 0; i < plan.ops.size(); ++i)
-      if (i != end + 1)
-        for (int r : plan.ops[i].reads()) m.require(plan.storage_of(r) != logits, "the logits are read by more than the argmax");
-    m.require(ops::decode_layers_unsupported(with_head.shape).empty(), ops::decode_layers_unsupported(with_head.shape));
+    m.require(!is_kept(last), "the last layer's output is kept");
+    m.require(read_only_within(last, start, end + 1), "the last layer's output is read by more than the lm_head");
+    m.require(read_only_within(plan.storage_of(with_head.logits), end + 1, end + 2),
+              "the logits are read by more than the argmax");
+    const std::string unsupported = ops::decode_layers_unsupported(with_head.shape);
+    m.require(unsupported.empty(), unsupported);
     dl = with_head;
     end += 2;
     m.internal_.insert(last);
@@ -432,12 +436,8 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
     m.require(tv.dtype == engine::DType::kInt64 && tv.numel() == 1 &&
                   std::find(graph.inputs().begin(), graph.inputs().end(), token) != graph.inputs().end(),
               "the embedding's index is not an int64 input of one element");
-    const std::vector<bool> kept = kept_storage(graph, plan);
-    m.require(!(x0 < static_cast<int>(kept.size()) && kept[x0]), "the embedding row is kept");
-    for (size_t i = 0; i < plan.ops.size(); ++i)
-      if (i < start || i >= end)
-        for (int r : plan.ops[i].reads())
-          m.require(plan.storage_of(r) != x0, "the embedding row is read by more than the layers");
+    m.require(!is_kept(x0), "the embedding row is kept");
+    m.require(read_only_within(x0, start, end), "the embedding row is read by more than the layers");
     dl.shape.embed_rows = table.shape[0];
     dl.x = gp->data;
     dl.token_in = token;
@@ -459,8 +459,7 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
               "cos and sin are not rows of constant [max_len, 64] tables of the model's dtype at the positions");
     // What the layers compute in between is theirs alone.
     for (size_t l = 0; l + 1 < layers.size(); ++l) m.internal_.insert(plan.storage_of(plan.ops[layer_end[l] - 1].writes()));
-    const std::vector<bool> kept = kept_storage(graph, plan);
-    for (int s : m.internal_) m.require(!(s < static_cast<int>(kept.size()) && kept[s]), "a layer's intermediate is kept");
+    for (int s : m.internal_) m.require(!is_kept(s), "a layer's intermediate is kept");
     for (size_t i = 0; i < plan.ops.size(); ++i) {
       if (i >= start && i < end) continue;
       for (int r : plan.ops[i].reads())
@@ -484,7 +483,6 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   size_t dropped = 0;
   for (bool changed = true; changed;) {
     changed = false;
-    const std::vector<bool> kept = kept_storage(graph, plan);
     std::set<int> read;
     for (const PlannedOp& op : plan.ops)
       for (int r : op.reads()) read.insert(plan.storage_of(r));
@@ -492,7 +490,7 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
       bool live = false;
       for (int w : plan.ops[i].all_writes()) {
         const int s = plan.storage_of(w);
-        live |= read.count(s) > 0 || (s < static_cast<int>(kept.size()) && kept[s]) || graph.value(w).is_state;
+        live |= read.count(s) > 0 || is_kept(s) || graph.value(w).is_state;
       }
       if (live) continue;
       plan.ops.erase(plan.ops.begin() + static_cast<std::ptrdiff_t>(i));
