@@ -415,6 +415,29 @@ uint32_t expected_grid(const engine::KernelModule& module, int sm, int sm_count,
   return static_cast<uint32_t>(grid);
 }
 
+// One run of persistent_engine's context on `stream`: the persistent kernel's output (gridDim.x,
+// then 1 for each block that met all the others, 2 for one that gave up waiting) and the plain one's.
+struct PersistentRun {
+  Status status;
+  std::vector<uint32_t> out = std::vector<uint32_t>(1 + kMaxGrid, 0);
+  uint32_t plain = 0;
+  uint32_t count(uint32_t blocks, uint32_t what) const {
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < blocks; ++b) n += out[1 + b] == what;
+    return n;
+  }
+};
+PersistentRun run_persistent(ExecutionContext& ctx, cudaStream_t stream) {
+  PersistentRun r;
+  const uint32_t zero = 0;
+  const void* inputs[] = {&zero};
+  const size_t in_bytes[] = {4};
+  void* outputs[] = {r.out.data(), &r.plain};
+  const size_t out_bytes[] = {r.out.size() * 4, 4};
+  r.status = ctx.execute_host(inputs, in_bytes, outputs, out_bytes, stream);
+  return r;
+}
+
 // param: cluster kernel. SetUp skips without an sm_90+ GPU that has the shared memory, and
 // compiles the test kernels for it.
 class PersistentGridGpu : public ::testing::TestWithParam<bool> {
@@ -469,31 +492,17 @@ TEST_P(PersistentGridGpu, GridIsTheCoResidentCountAndAllBlocksMeet) {
   ASSERT_TRUE(ctx.is_ok()) << ctx.status().to_string();
   for (int run = 0; run < 3; ++run) {
     SCOPED_TRACE("run " + std::to_string(run));
-    const uint32_t zero = 0;
-    std::vector<uint32_t> out(1 + kMaxGrid, 0);
-    uint32_t plain_out = 0;
-    const void* inputs[] = {&zero};
-    const size_t in_bytes[] = {4};
-    void* outputs[] = {out.data(), &plain_out};
-    const size_t out_bytes[] = {out.size() * 4, 4};
-    Status st = ctx.value()->execute_host(inputs, in_bytes, outputs, out_bytes, nullptr);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    EXPECT_EQ(out[0], want) << "gridDim.x seen by the kernel";
-    uint32_t met = 0, gave_up = 0;
-    for (uint32_t b = 0; b < want; ++b) {
-      met += out[1 + b] == 1;
-      gave_up += out[1 + b] == 2;
-    }
-    EXPECT_EQ(met, want) << gave_up << " blocks waited in vain: not all were resident at once";
-    EXPECT_EQ(plain_out, 7u);
+    const PersistentRun r = run_persistent(*ctx.value(), nullptr);
+    ASSERT_TRUE(r.status.is_ok()) << r.status.to_string();
+    EXPECT_EQ(r.out[0], want) << "gridDim.x seen by the kernel";
+    EXPECT_EQ(r.count(want, 1), want) << r.count(want, 2) << " blocks waited in vain: not all were resident at once";
+    EXPECT_EQ(r.plain, 7u);
   }
 }
 
 TEST_P(PersistentGridGpu, MoreMinBlocksThanFitIsRefusedNamingTheStep) {
-  const bool cluster = cluster_;
-  const DeviceInfo* device = &device_;
   const engine::KernelModule& module = module_;
-  const uint32_t fits = expected_grid(module, device->sm, device->sm_count, cluster);
+  const uint32_t fits = expected_grid(module, device_.sm, device_.sm_count, cluster_);
   ASSERT_LT(fits, kMaxGrid);
   auto loaded = Engine::load(persistent_engine(module, fits + 1), 0);
   ASSERT_FALSE(loaded.is_ok());
@@ -526,27 +535,19 @@ TEST_P(PersistentGridGpu, AStreamWithTooFewSmsIsRefusedAtExecute) {
   ASSERT_GT(launch.grid[0], green->obtained_sms()) << "one block per SM: the green context cannot hold the grid";
   auto ctx = ExecutionContext::create(eng);
   ASSERT_TRUE(ctx.is_ok()) << ctx.status().to_string();
-  const uint32_t zero = 0;
-  std::vector<uint32_t> out(1 + kMaxGrid, 0);
-  uint32_t plain_out = 0;
-  const void* inputs[] = {&zero};
-  const size_t in_bytes[] = {4};
-  void* outputs[] = {out.data(), &plain_out};
-  const size_t out_bytes[] = {out.size() * 4, 4};
-  Status st = ctx.value()->execute_host(inputs, in_bytes, outputs, out_bytes, green->stream());
+  const PersistentRun refused = run_persistent(*ctx.value(), green->stream());
+  const Status& st = refused.status;
   ASSERT_FALSE(st.is_ok()) << "ran " << launch.grid[0] << " waiting blocks on " << green->obtained_sms() << " SMs";
   EXPECT_EQ(st.code(), StatusCode::kIncompatible) << st.to_string();
   for (const std::string& sub : {std::string("step 0 ('persistent')"), "runs " + std::to_string(launch.grid[0]) + " blocks",
                                  std::string("the SMs of the stream")})
     EXPECT_NE(st.message().find(sub), std::string::npos) << "missing '" << sub << "' in: " << st.message();
-  EXPECT_EQ(out[0], 0u) << "nothing ran";
+  EXPECT_EQ(refused.out[0], 0u) << "nothing ran";
   std::printf("green context of %u SMs: %s\n", green->obtained_sms(), st.message().c_str());
-  st = ctx.value()->execute_host(inputs, in_bytes, outputs, out_bytes, nullptr);
-  ASSERT_TRUE(st.is_ok()) << st.to_string();
-  EXPECT_EQ(out[0], launch.grid[0]);
-  uint32_t met = 0;
-  for (uint32_t b = 0; b < launch.grid[0]; ++b) met += out[1 + b] == 1;
-  EXPECT_EQ(met, launch.grid[0]);
+  const PersistentRun whole = run_persistent(*ctx.value(), nullptr);
+  ASSERT_TRUE(whole.status.is_ok()) << whole.status.to_string();
+  EXPECT_EQ(whole.out[0], launch.grid[0]);
+  EXPECT_EQ(whole.count(launch.grid[0], 1), launch.grid[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(ClusterAndPlain, PersistentGridGpu, ::testing::Bool(),
