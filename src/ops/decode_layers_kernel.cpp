@@ -42,6 +42,7 @@ constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
+constexpr bool kNormInWarps = @NORM_IN_WARPS@, kVectorRed = @VECTOR_RED@;
 // The head (kVocab > 0): the final RMSNorm, the lm_head rows in 8-row stages, their argmax.
 constexpr int kVocab = @VOCAB@, kHeadStages = kVocab / 8;
 // kEmbedRows > 0: x_in is the embedding table [kEmbedRows][hidden] and the token (token_in) picks
@@ -120,6 +121,10 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 }
 __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Four consecutive floats added into global memory by one vector reduction (sm_90).
+__device__ __forceinline__ void red_add_v4(float* p, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
   unsigned old;
@@ -203,7 +208,9 @@ struct Smem {
   unsigned long long full[kStages], empty[kStages], csync, pushed, got_qkv, got_state;
   alignas(16) float xs[kHidden], xn[kHidden], part[kHidden];  // read as float4
   float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (pushes)
-  float loc[32], sc[2][64], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
+  float loc[32];
+  alignas(16) float sc[2][64];  // also the o-projection's 128 sums (vector_red)
+  float stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
   unsigned long long best[kConsumers];  // the head's argmax keys, a warp each
   unsigned flag;
@@ -371,10 +378,14 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   // 960 warps hit the same 32 L2 lines at once, 2.9 against 1.2 us, 0.469 against 0.381 ms a token.
   auto begin_phase = [&](int p, const T* gamma, float (&xr)[32]) {
     // The norm weights do not depend on the wait: read before it, not after the reduction (a
-    // dependent global load on the chain).
+    // dependent global load on the chain). With kNormInWarps they go to S.xn (dead between
+    // phases: the cluster's pushes into it come after this block's q|k|v push) as floats.
     float gam[kHidden / kCT];
 #pragma unroll
-    for (int q = 0; q < kHidden / kCT; ++q) gam[q] = ld1(gamma[tid + q * kCT]);
+    for (int q = 0; q < kHidden / kCT; ++q) {
+      gam[q] = ld1(gamma[tid + q * kCT]);
+      if (kNormInWarps) S.xn[tid + q * kCT] = gam[q];
+    }
     if (p > 0 && tid == 0) {
       const unsigned* counter = sync + (p % 2 ? 0 : 1);
       const unsigned target = p % 2 ? base_a + (unsigned)(p / 2 + 1) * kABlocks : base_b + (unsigned)(p / 2) * nblocks;
@@ -386,6 +397,28 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     if (b == 0 && p < kPhases) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
       float* zero = p + 2 == kPhases ? fin : rows + ((ring0 + p + 2) % 3) * kHidden;
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
+    }
+    const float eps = p == kPhases ? kHeadEps : kEps;
+    if (kNormInWarps) {
+      // Each warp holds the whole row in its lanes' registers (load_x), so it sums the squares
+      // itself: one block barrier after the row's L2 trip instead of two and a pass through S.xn.
+      for (int j = tid; j < kHidden; j += kCT) S.xs[j] = p == 0 ? ld1(x_row[j]) : __ldcg(row(p) + j);
+      consumers_sync();
+      load_x(xr, S.xs, lane);
+      float ss = 0.f;
+#pragma unroll
+      for (int q = 0; q < 32; ++q) ss = fmaf(xr[q], xr[q], ss);
+      const float rstd = rsqrtf(warp_sum(ss) / kHidden + eps);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 a = reinterpret_cast<const float4*>(S.xn)[2 * (lane + 32 * j)];
+        const float4 c = reinterpret_cast<const float4*>(S.xn)[2 * (lane + 32 * j) + 1];
+        const float gw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) xr[8 * j + e] = xr[8 * j + e] * rstd * gw[e];
+      }
+      mark(p, 1);
+      return;
     }
     float ss = 0.f;
     for (int j = tid; j < kHidden; j += kCT) {
@@ -399,7 +432,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     float tot = 0.f;
 #pragma unroll
     for (int w = 0; w < kConsumers; ++w) tot += S.red[w];
-    const float rstd = rsqrtf(tot / kHidden + (p == kPhases ? kHeadEps : kEps));
+    const float rstd = rsqrtf(tot / kHidden + eps);
 #pragma unroll
     for (int q = 0; q < kHidden / kCT; ++q) S.xn[tid + q * kCT] = S.xs[tid + q * kCT] * rstd * gam[q];
     consumers_sync();
@@ -587,10 +620,17 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
           v += __shfl_xor_sync(0xffffffffu, v, 8);
           if (chunk == 0) {
             const int j = 128 * rank + 64 * s + r;
-            atomicAdd(o_row + j, g == 0 ? v + S.xs[j] : v);
+            if (kVectorRed)
+              S.sc[s][r] = g == 0 ? v + S.xs[j] : v;  // S.sc is free after the attention
+            else
+              atomicAdd(o_row + j, g == 0 ? v + S.xs[j] : v);
           }
         }
         release();
+      }
+      if (kVectorRed) {  // the block's 128 rows as 32 four-float reductions, one warp's
+        consumers_sync();
+        if (tid < 32) red_add_v4(o_row + 128 * rank + 4 * tid, reinterpret_cast<const float4*>(&S.sc[0][0])[tid]);
       }
       mark(p, 6);
       end_phase(p);
@@ -641,7 +681,18 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     mbar_wait(&S.pushed, l & 1);
     mark(p, 4);
-    if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
+    if (kVectorRed) {  // rows 128*rank.. summed over the cluster's eight blocks, four a thread
+      if (tid < 32) {
+        const int j = 128 * rank + 4 * tid;
+        float4 v = c == 0 ? *reinterpret_cast<const float4*>(S.xs + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < kCluster; ++q) {
+          const float4 u = *reinterpret_cast<const float4*>(S.part + 128 * q + 4 * tid);
+          v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+        }
+        red_add_v4(o_row + j, v);
+      }
+    } else if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
       const int j = 128 * rank + tid;
       float v = c == 0 ? S.xs[j] : 0.f;
 #pragma unroll
@@ -792,6 +843,8 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
+  replace_all(src, "@NORM_IN_WARPS@", o.norm_in_warps ? "true" : "false");
+  replace_all(src, "@VECTOR_RED@", o.vector_red ? "true" : "false");
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));
