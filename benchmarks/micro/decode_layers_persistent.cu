@@ -141,8 +141,7 @@ int main(int argc, char** argv) {
   base.a_tasks = argc > 1 ? std::atoi(argv[1]) : 8;  // 8 of 5-10 fastest on an H100 at 512 (sixth session)
   if (argc > 2) base.max_inflight = std::atoi(argv[2]);  // else the engine's defaults
   if (argc > 3) base.release_inflight = std::atoi(argv[3]);
-  if (argc > 4) base.norm_in_warps = std::atoi(argv[4]) != 0;
-  if (argc > 5) base.vector_red = std::atoi(argv[5]) != 0;
+  if (argc > 4) base.kv_rows = std::atoi(argv[4]);
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -257,23 +256,22 @@ int main(int argc, char** argv) {
     std::printf("position %d (past the cache): %d of %d outputs NaN %s\n", kMaxLen, nan, kHidden, nan == kHidden ? "ok" : "<-- WRONG");
     ok = ok && nan == kHidden;
   }
-  // The kernel's other code paths (options that change what it computes, not only when), each
-  // checked once like the main kernel and timed beside it below.
-  std::vector<Compiled> paths;
-  for (int v = 0; v < 4; ++v) {
-    DecodeLayersKernelOptions o = base;
-    o.norm_in_warps = v & 1, o.vector_red = (v & 2) != 0;
-    if (o.norm_in_warps == base.norm_in_warps && o.vector_red == base.vector_red) continue;
-    paths.push_back(compile(kLayers, o, sm));
-    std::snprintf(what, sizeof what, "norm_in_warps %d, vector_red %d", (int)o.norm_in_warps, (int)o.vector_red);
-    reset();
-    set_pos(kPos);
-    launch(paths.back());
-    m.reference(stream, kLayers, kPos);
-    CK(cudaStreamSynchronize(stream));
-    ok = m.check(fin, kLayers, kPos, what) && ok;
-    ok = out_matches() && ok;
-  }
+  // The kernel's other code path (kv_rows: what it computes at once, not only when): checked at
+  // the positions where its stages split differently, and timed beside the main kernel below.
+  DecodeLayersKernelOptions alt_options = base;
+  alt_options.kv_rows = base.kv_rows == 64 ? 128 : 64;
+  const Compiled alt = compile(kLayers, alt_options, sm);
+  for (const Compiled* k : {&main_kernel, &alt})
+    for (int P : {127, 128, 129, 640, 767}) {
+      std::snprintf(what, sizeof what, "%d cached rows a stage", k->options.kv_rows);
+      reset();
+      set_pos(P);
+      launch(*k);
+      m.reference(stream, kLayers, P);
+      CK(cudaStreamSynchronize(stream));
+      ok = m.check(fin, kLayers, P, what) && ok;
+      ok = out_matches() && ok;
+    }
   std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
 
   set_pos(kPos);
@@ -314,12 +312,15 @@ int main(int argc, char** argv) {
                       k.options.max_inflight, k.options.release_inflight);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
-    for (const Compiled* k : std::initializer_list<const Compiled*>{&main_kernel, &paths[0], &paths[1], &paths[2], &main_kernel}) {
-      reset();
-      std::snprintf(what, sizeof what, "persistent, norm_in_warps %d, vector_red %d", (int)k->options.norm_in_warps,
-                    (int)k->options.vector_red);
-      report(round, what, kPos, median_ms(stream, [&] { launch(*k); }, 10, 100));
+    for (int P : {512, 640, 767, 1024}) {  // the benchmark decodes at 512-767
+      set_pos(P);
+      for (const Compiled* k : {&main_kernel, &alt, &main_kernel}) {
+        reset();
+        std::snprintf(what, sizeof what, "persistent, %d cached rows a stage", k->options.kv_rows);
+        report(round, what, P, median_ms(stream, [&] { launch(*k); }, 10, 100));
+      }
     }
+    set_pos(kPos);
     report(round, "the weight stream ALONE", kPos, median_ms(stream, [&] { launch(stream_only); }, 10, 100));
     reset();
     std::snprintf(what, sizeof what, "graph replay, %d copies in flight", base.max_inflight);

@@ -41,8 +41,12 @@ constexpr int kAStages = 6;  // a phase-A block's packed stages: q (2 heads), k,
 constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
+constexpr int kHeadInflight = @HEAD_INFLIGHT@;  // the lm_head's stages once the layers have arrived (0: the ring)
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
-constexpr bool kNormInWarps = @NORM_IN_WARPS@, kVectorRed = @VECTOR_RED@;
+// A block's cached rows come in stages of kKvRows (64: keys and values share a ring slot; 128:
+// the keys fill one slot and the values the next).
+constexpr int kKvRows = @KV_ROWS@, kKvSlots = kKvRows / 64;
+static_assert(kKvRows == 64 || kKvRows == 128, "64 or 128 cached rows a stage");
 // The head (kVocab > 0): the final RMSNorm, the lm_head rows in 8-row stages, their argmax.
 constexpr int kVocab = @VOCAB@, kHeadStages = kVocab / 8;
 // kEmbedRows > 0: x_in is the embedding table [kEmbedRows][hidden] and the token (token_in) picks
@@ -121,10 +125,6 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 }
 __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// Four consecutive floats added into global memory by one vector reduction (sm_90).
-__device__ __forceinline__ void red_add_v4(float* p, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
   unsigned old;
@@ -208,9 +208,7 @@ struct Smem {
   unsigned long long full[kStages], empty[kStages], csync, pushed, got_qkv, got_state;
   alignas(16) float xs[kHidden], xn[kHidden], part[kHidden];  // read as float4
   float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (pushes)
-  float loc[32];
-  alignas(16) float sc[2][64];  // also the o-projection's 128 sums (vector_red)
-  float stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
+  float loc[32], sc[2][kKvRows], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
   unsigned long long best[kConsumers];  // the head's argmax keys, a warp each
   unsigned flag;
@@ -249,12 +247,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   }
   const bool bad_pos = pos < 0 || pos >= kMaxLen;  // no cache row written, the output NaN
   const int P = bad_pos ? 0 : static_cast<int>(pos);  // cached rows before the token; its own row is P
-  // The cached rows [0, P) in 64-row stages, split evenly among the cluster's blocks: this block
-  // attends over stages [kv_first, kv_first + kv_count).
-  const int kv_stages = (P + 63) / 64, kv_first = has_a ? kv_stages * rank / kCluster : 0;
-  const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0;
+  // The cached rows [0, P) in kKvRows-row stages, split evenly among the cluster's blocks: this
+  // block attends over stages [kv_first, kv_first + kv_count), kKvSlots ring slots each.
+  const int kv_stages = (P + kKvRows - 1) / kKvRows, kv_first = has_a ? kv_stages * rank / kCluster : 0;
+  const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0, kv_slots = kv_count * kKvSlots;
   // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
-  const int a_stages = has_a ? kAStages + kv_count : 0, per_layer = a_stages + tasks + down_stages;
+  const int a_stages = has_a ? kAStages + kv_slots : 0, per_layer = a_stages + tasks + down_stages;
   // The head: this block's lm_head stages [h0, h0 + head_count), an even share of them.
   const int h0 = kHeadStages * b / nblocks, head_count = kHeadStages * (b + 1) / nblocks - h0;
   // The rotary factors of this thread's head dim at position P, the same in every layer: read once
@@ -288,8 +286,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     // arrival (the block's `ends_before`-th) has not been made yet goes with at most that many in
     // flight (0: only after the arrival), so the arrival finds few copies to wait for while the
     // rest of the phase streams deeper.
-    auto wait_slot = [&](unsigned i, unsigned ends_before) {
-      int cap = kMaxInflight;
+    auto wait_slot = [&](unsigned i, unsigned ends_before, int deep = kMaxInflight) {
+      int cap = deep;
       if (kReleaseInflight >= 0 && *reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
         if (kReleaseInflight == 0)
           while (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
@@ -313,17 +311,22 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         const int s = i % kStages;
         wait_slot(i, has_a ? 2 * l + (k >= a_stages ? 1 : 0) : l);
         unsigned char* dst = ring + (size_t)s * kStageBytes;
-        const int cached = k - 4;  // this block's cached-row stage, when 0 <= cached < kv_count
-        if (has_a && cached >= 0 && cached < kv_count) {  // up to 64 key rows, then as many value rows
-          const int j = kv_first + cached, rows = P - 64 * j < 64 ? P - 64 * j : 64;
+        const int cached = k - 4;  // this block's cached-row slot, when 0 <= cached < kv_slots
+        if (has_a && cached >= 0 && cached < kv_slots) {  // up to kKvRows key rows and as many value rows
+          const int j = kv_first + cached / kKvSlots, rows = P - kKvRows * j < kKvRows ? P - kKvRows * j : kKvRows;
           const unsigned bytes = rows * kHeadDim * 2;
-          const size_t off = ((size_t)g * kMaxLen + 64 * j) * kHeadDim;
-          mbar_expect_bytes(&S.full[s], 2 * bytes);
-          bulk_load(dst, kcs[l] + off, bytes, &S.full[s]);
-          bulk_load(dst + kStageBytes / 2, vcs[l] + off, bytes, &S.full[s]);
+          const size_t off = ((size_t)g * kMaxLen + kKvRows * j) * kHeadDim;
+          if (kKvSlots == 1) {  // keys in the first half of the slot, values in the second
+            mbar_expect_bytes(&S.full[s], 2 * bytes);
+            bulk_load(dst, kcs[l] + off, bytes, &S.full[s]);
+            bulk_load(dst + kStageBytes / 2, vcs[l] + off, bytes, &S.full[s]);
+          } else {  // keys in this slot, values in the next
+            mbar_expect_bytes(&S.full[s], bytes);
+            bulk_load(dst, (cached % 2 ? vcs[l] : kcs[l]) + off, bytes, &S.full[s]);
+          }
           continue;
         }
-        const T* src = k < a_stages ? a_src + (size_t)(k < 4 ? k : k - kv_count) * kStageElems
+        const T* src = k < a_stages ? a_src + (size_t)(k < 4 ? k : k - kv_slots) * kStageElems
                        : k < a_stages + tasks ? gu_src + (size_t)(k - a_stages) * kStageElems
                                               : down_src + (size_t)(k - a_stages - tasks) * kStageElems;
         mbar_expect_bytes(&S.full[s], kStageBytes);
@@ -332,7 +335,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     // The head's lm_head rows: 8 consecutive rows of the model's own weight are one stage.
     for (int k = 0; k < head_count; ++k, ++i) {
-      wait_slot(i, has_a ? 2 * kLayers : kLayers);
+      wait_slot(i, has_a ? 2 * kLayers : kLayers, kHeadInflight);
       const int s = i % kStages;
       mbar_expect_bytes(&S.full[s], kStageBytes);
       bulk_load(ring + (size_t)s * kStageBytes, head_w + (size_t)(h0 + k) * kStageElems, kStageBytes, &S.full[s]);
@@ -378,14 +381,10 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   // 960 warps hit the same 32 L2 lines at once, 2.9 against 1.2 us, 0.469 against 0.381 ms a token.
   auto begin_phase = [&](int p, const T* gamma, float (&xr)[32]) {
     // The norm weights do not depend on the wait: read before it, not after the reduction (a
-    // dependent global load on the chain). With kNormInWarps they go to S.xn (dead between
-    // phases: the cluster's pushes into it come after this block's q|k|v push) as floats.
+    // dependent global load on the chain).
     float gam[kHidden / kCT];
 #pragma unroll
-    for (int q = 0; q < kHidden / kCT; ++q) {
-      gam[q] = ld1(gamma[tid + q * kCT]);
-      if (kNormInWarps) S.xn[tid + q * kCT] = gam[q];
-    }
+    for (int q = 0; q < kHidden / kCT; ++q) gam[q] = ld1(gamma[tid + q * kCT]);
     if (p > 0 && tid == 0) {
       const unsigned* counter = sync + (p % 2 ? 0 : 1);
       const unsigned target = p % 2 ? base_a + (unsigned)(p / 2 + 1) * kABlocks : base_b + (unsigned)(p / 2) * nblocks;
@@ -397,28 +396,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     if (b == 0 && p < kPhases) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
       float* zero = p + 2 == kPhases ? fin : rows + ((ring0 + p + 2) % 3) * kHidden;
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
-    }
-    const float eps = p == kPhases ? kHeadEps : kEps;
-    if (kNormInWarps) {
-      // Each warp holds the whole row in its lanes' registers (load_x), so it sums the squares
-      // itself: one block barrier after the row's L2 trip instead of two and a pass through S.xn.
-      for (int j = tid; j < kHidden; j += kCT) S.xs[j] = p == 0 ? ld1(x_row[j]) : __ldcg(row(p) + j);
-      consumers_sync();
-      load_x(xr, S.xs, lane);
-      float ss = 0.f;
-#pragma unroll
-      for (int q = 0; q < 32; ++q) ss = fmaf(xr[q], xr[q], ss);
-      const float rstd = rsqrtf(warp_sum(ss) / kHidden + eps);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 a = reinterpret_cast<const float4*>(S.xn)[2 * (lane + 32 * j)];
-        const float4 c = reinterpret_cast<const float4*>(S.xn)[2 * (lane + 32 * j) + 1];
-        const float gw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) xr[8 * j + e] = xr[8 * j + e] * rstd * gw[e];
-      }
-      mark(p, 1);
-      return;
     }
     float ss = 0.f;
     for (int j = tid; j < kHidden; j += kCT) {
@@ -432,7 +409,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     float tot = 0.f;
 #pragma unroll
     for (int w = 0; w < kConsumers; ++w) tot += S.red[w];
-    const float rstd = rsqrtf(tot / kHidden + eps);
+    const float rstd = rsqrtf(tot / kHidden + (p == kPhases ? kHeadEps : kEps));
 #pragma unroll
     for (int q = 0; q < kHidden / kCT; ++q) S.xn[tid + q * kCT] = S.xs[tid + q * kCT] * rstd * gam[q];
     consumers_sync();
@@ -515,10 +492,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         const int head = tid >> 7, part = (tid >> 6) & 1, d = tid & 63;  // this thread's output in the PV product
         float acc = 0.f, m_run = neg_inf(), l_run = 0.f;
         for (int s = 0; s < kv_count; ++s) {
-          const int j = kv_first + s, nrows = P - 64 * j < 64 ? P - 64 * j : 64;
-          const T* kvs = stage();
-          if (tid < 2 * 64) {  // a thread a (head, row)
-            const int hh = tid >> 6, pp = tid & 63;
+          const int j = kv_first + s, nrows = P - kKvRows * j < kKvRows ? P - kKvRows * j : kKvRows;
+          const T* kvs = peek(0);  // the keys; the values follow them in the slot, or fill the next
+          const T* v = kKvSlots == 1 ? kvs + 64 * kHeadDim : peek(1);
+          if (tid < 2 * kKvRows) {  // a thread a (head, row)
+            const int hh = tid / kKvRows, pp = tid % kKvRows;
             float a = neg_inf();
             if (pp < nrows) {
               const float2* q2 = reinterpret_cast<const float2*>(S.qf[hh]);
@@ -538,24 +516,36 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
           consumers_sync();
           if (warp < 2) {  // head `warp`: the new running max, the stage's weights, the old sums' scale
             float* sc = S.sc[warp];
-            const float s0 = sc[lane], s1 = sc[lane + 32];
-            const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));  // finite: a stage has a row
-            const float e0 = __expf(s0 - m_new), e1 = __expf(s1 - m_new), scale = __expf(m_run - m_new);
-            l_run = fmaf(l_run, scale, warp_sum(e0 + e1));
+            float e[kKvRows / 32], mx = neg_inf();
+#pragma unroll
+            for (int r = 0; r < kKvRows / 32; ++r) mx = fmaxf(mx, e[r] = sc[lane + 32 * r]);
+            const float m_new = fmaxf(m_run, warp_max(mx));  // finite: a stage has a row
+            float sum = 0.f;
+#pragma unroll
+            for (int r = 0; r < kKvRows / 32; ++r) sum += e[r] = __expf(e[r] - m_new);
+            const float scale = __expf(m_run - m_new);
+            l_run = fmaf(l_run, scale, warp_sum(sum));
             m_run = m_new;
             __syncwarp();
-            sc[lane] = e0;
-            sc[lane + 32] = e1;
+#pragma unroll
+            for (int r = 0; r < kKvRows / 32; ++r) sc[lane + 32 * r] = e[r];
             if (lane == 0) S.stat[warp][2] = scale;
           }
           consumers_sync();
-          {
-            const T* v = kvs + 64 * kHeadDim;
-            const int end = min(32 * part + 32, nrows);
+          {  // this thread's half of the stage's rows
+            constexpr int kHalf = kKvRows / 2;
+            const int end = min(kHalf * part + kHalf, nrows);
+            float acc2 = 0.f;
             acc *= S.stat[head][2];
-            for (int pp = 32 * part; pp < end; ++pp) acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+            int pp = kHalf * part;
+            for (; pp + 1 < end; pp += 2) {  // two chains: the sum's dependent adds halve
+              acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+              acc2 = fmaf(S.sc[head][pp + 1], ld1(v[(pp + 1) * kHeadDim + d]), acc2);
+            }
+            if (pp < end) acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+            acc += acc2;
           }
-          release();
+          for (int r = 0; r < kKvSlots; ++r) release();
           consumers_sync();  // S.sc and S.stat are the next stage's
         }
         S.ored[head][part][d] = acc;
@@ -620,17 +610,10 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
           v += __shfl_xor_sync(0xffffffffu, v, 8);
           if (chunk == 0) {
             const int j = 128 * rank + 64 * s + r;
-            if (kVectorRed)
-              S.sc[s][r] = g == 0 ? v + S.xs[j] : v;  // S.sc is free after the attention
-            else
-              atomicAdd(o_row + j, g == 0 ? v + S.xs[j] : v);
+            atomicAdd(o_row + j, g == 0 ? v + S.xs[j] : v);
           }
         }
         release();
-      }
-      if (kVectorRed) {  // the block's 128 rows as 32 four-float reductions, one warp's
-        consumers_sync();
-        if (tid < 32) red_add_v4(o_row + 128 * rank + 4 * tid, reinterpret_cast<const float4*>(&S.sc[0][0])[tid]);
       }
       mark(p, 6);
       end_phase(p);
@@ -681,18 +664,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     mbar_wait(&S.pushed, l & 1);
     mark(p, 4);
-    if (kVectorRed) {  // rows 128*rank.. summed over the cluster's eight blocks, four a thread
-      if (tid < 32) {
-        const int j = 128 * rank + 4 * tid;
-        float4 v = c == 0 ? *reinterpret_cast<const float4*>(S.xs + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int q = 0; q < kCluster; ++q) {
-          const float4 u = *reinterpret_cast<const float4*>(S.part + 128 * q + 4 * tid);
-          v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
-        }
-        red_add_v4(o_row + j, v);
-      }
-    } else if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
+    if (tid < 128) {  // rows 128*rank.. summed over the cluster's eight blocks
       const int j = 128 * rank + tid;
       float v = c == 0 ? S.xs[j] : 0.f;
 #pragma unroll
@@ -789,6 +761,14 @@ std::string decode_layers_unsupported(const DecodeLayersShape& s) {
 std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o, int64_t blocks) {
   char buf[256];
   const int64_t a_blocks = s.kv_heads * kCluster, pairs = s.intermediate / 8, a_pairs = o.a_tasks / 2 * a_blocks;
+  if (o.kv_rows != 64 && o.kv_rows != 128) {
+    std::snprintf(buf, sizeof buf, "kv_rows %d (a stage of cached rows is 64 or 128 rows)", o.kv_rows);
+    return buf;
+  }
+  if (o.head_inflight < 0) {
+    std::snprintf(buf, sizeof buf, "head_inflight %d (copies in flight: 0 for the ring's depth, or more)", o.head_inflight);
+    return buf;
+  }
   if (o.a_tasks < 2 || o.a_tasks % 2 != 0 || o.a_tasks > kMaxTasks) {
     std::snprintf(buf, sizeof buf, "a phase-A block's MLP tasks are %d (an even number, 2 to %lld)", o.a_tasks,
                   static_cast<long long>(kMaxTasks));
@@ -843,8 +823,8 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
-  replace_all(src, "@NORM_IN_WARPS@", o.norm_in_warps ? "true" : "false");
-  replace_all(src, "@VECTOR_RED@", o.vector_red ? "true" : "false");
+  replace_all(src, "@KV_ROWS@", std::to_string(o.kv_rows));
+  replace_all(src, "@HEAD_INFLIGHT@", std::to_string(o.head_inflight));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));

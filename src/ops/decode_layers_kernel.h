@@ -75,12 +75,12 @@ struct DecodeLayersKernelOptions {
   // defaults) against 1 throughout: 0.370 against 0.381 ms a token on an H100 (four runs in three
   // calls, benchmarks/results/decode_layers_release_inflight*_h100.txt).
   int release_inflight = 1;
-  // Each warp sums the squares of the row it holds in registers (one block barrier after a
-  // phase's wait instead of two), the norm weights staged in shared memory before the wait.
-  bool norm_in_warps = false;
-  // The split-k sums go to the residual row as four-float vector reductions (red.global.add.v4),
-  // a quarter of the atomics on the row's 32 L2 lines, at the cost of a block barrier in phase A.
-  bool vector_red = false;
+  // The head's copies in flight at most once the block's last layer phase has arrived (0: the
+  // ring's depth): nothing is released after them but the head's own end.
+  int head_inflight = 2;
+  // Cached rows a block's attention stage takes (64: keys and values in one ring slot; 128: two
+  // slots, half the stages, so a block's share of positions 513-1024 is one stage, not two).
+  int kv_rows = 64;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
