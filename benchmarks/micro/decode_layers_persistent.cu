@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   if (argc > 2) base.max_inflight = std::atoi(argv[2]);  // else the engine's defaults
   if (argc > 3) base.release_inflight = std::atoi(argv[3]);
   if (argc > 4) base.kv_rows = std::atoi(argv[4]);
+  const int trace_pos = argc > 5 ? std::atoi(argv[5]) : kPos;  // where the trace is taken
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -274,7 +275,7 @@ int main(int argc, char** argv) {
     }
   std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
 
-  set_pos(kPos);
+  set_pos(trace_pos);
   for (int compute : {1, 0}) {  // where a layer's time goes
     const Compiled traced = compile(kLayers, with(base.max_inflight, true, compute), sm);
     const size_t marks = (size_t)nblocks * 2 * kLayers * kMarks;
@@ -283,7 +284,7 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(stream));
     std::vector<unsigned long long> tr(marks);
     CK(cudaMemcpy(tr.data(), trace, marks * 8, cudaMemcpyDeviceToHost));
-    std::printf("(position %d, %d copies in flight)\n", kPos, base.max_inflight);
+    std::printf("(position %d, %d copies in flight, %d cached rows a stage)\n", trace_pos, base.max_inflight, base.kv_rows);
     print_trace(tr, nblocks, compute);
     CK(cudaLibraryUnload(traced.library));
   }

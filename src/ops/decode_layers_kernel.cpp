@@ -538,11 +538,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
             float acc2 = 0.f;
             acc *= S.stat[head][2];
             int pp = kHalf * part;
-            for (; pp + 1 < end; pp += 2) {  // two chains: the sum's dependent adds halve
-              acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
-              acc2 = fmaf(S.sc[head][pp + 1], ld1(v[(pp + 1) * kHeadDim + d]), acc2);
-            }
-            if (pp < end) acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+            if (kKvRows == 128)  // two chains over the 64 rows: the sum's dependent adds halve
+              for (; pp + 1 < end; pp += 2) {
+                acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+                acc2 = fmaf(S.sc[head][pp + 1], ld1(v[(pp + 1) * kHeadDim + d]), acc2);
+              }
+            for (; pp < end; ++pp) acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
             acc += acc2;
           }
           for (int r = 0; r < kKvSlots; ++r) release();
