@@ -143,14 +143,21 @@ TEST(VariantSet, AlternativesRoundTripWithOrWithoutSymbols) {
   EXPECT_FALSE(serialize_variant_set(fixed, {engines[0], engines[1]}).is_ok());
 }
 
+// two_symbols()'s set of three engines serialized, its header's version byte then set to `version`.
+std::vector<uint8_t> two_symbols_blob_as_version(uint8_t version) {
+  const std::vector<std::vector<uint8_t>> three(3, std::vector<uint8_t>(8, 1));
+  Result<std::vector<uint8_t>> blob = serialize_variant_set(two_symbols(), three);
+  EXPECT_TRUE(blob.is_ok());
+  std::vector<uint8_t> bytes = blob.is_ok() ? blob.value() : std::vector<uint8_t>{};
+  if (bytes.size() > 8) bytes[8] = version;
+  return bytes;
+}
+
 // Version 1 (before alternatives) still reads.
 TEST(VariantSet, VersionOneStillReads) {
   const VariantSetDesc desc = two_symbols();
-  const std::vector<std::vector<uint8_t>> three(3, std::vector<uint8_t>(8, 1));
-  Result<std::vector<uint8_t>> blob = serialize_variant_set(desc, three);
-  ASSERT_TRUE(blob.is_ok());
-  std::vector<uint8_t> old = blob.value();
-  old[8] = 1;
+  const std::vector<uint8_t> old = two_symbols_blob_as_version(1);
+  ASSERT_GT(old.size(), 8u);
   VariantSetDesc got;
   std::vector<VariantEngine> parts;
   EXPECT_TRUE(parse_variant_set(old.data(), old.size(), &got, &parts).is_ok());
@@ -158,12 +165,8 @@ TEST(VariantSet, VersionOneStillReads) {
 }
 
 TEST(VariantSet, OtherVersionAsksForARebuild) {
-  const VariantSetDesc desc = two_symbols();
-  const std::vector<std::vector<uint8_t>> three(3, std::vector<uint8_t>(8, 1));
-  Result<std::vector<uint8_t>> blob = serialize_variant_set(desc, three);
-  ASSERT_TRUE(blob.is_ok());
-  std::vector<uint8_t> bad = blob.value();
-  bad[8] = static_cast<uint8_t>(kVariantSetVersion + 1);
+  const std::vector<uint8_t> bad = two_symbols_blob_as_version(static_cast<uint8_t>(kVariantSetVersion + 1));
+  ASSERT_GT(bad.size(), 8u);
   VariantSetDesc got;
   std::vector<VariantEngine> parts;
   const Status status = parse_variant_set(bad.data(), bad.size(), &got, &parts);
