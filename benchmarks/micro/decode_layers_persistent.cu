@@ -141,6 +141,8 @@ int main(int argc, char** argv) {
   base.a_tasks = argc > 1 ? std::atoi(argv[1]) : 8;  // 8 of 5-10 fastest on an H100 at 512 (sixth session)
   if (argc > 2) base.max_inflight = std::atoi(argv[2]);  // else the engine's defaults
   if (argc > 3) base.release_inflight = std::atoi(argv[3]);
+  if (argc > 4) base.kv_rows = std::atoi(argv[4]);
+  const int trace_pos = argc > 5 ? std::atoi(argv[5]) : kPos;  // where the trace is taken
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -255,9 +257,25 @@ int main(int argc, char** argv) {
     std::printf("position %d (past the cache): %d of %d outputs NaN %s\n", kMaxLen, nan, kHidden, nan == kHidden ? "ok" : "<-- WRONG");
     ok = ok && nan == kHidden;
   }
+  // The kernel's other code path (kv_rows: what it computes at once, not only when): checked at
+  // the positions where its stages split differently, and timed beside the main kernel below.
+  DecodeLayersKernelOptions alt_options = base;
+  alt_options.kv_rows = base.kv_rows == 64 ? 128 : 64;
+  const Compiled alt = compile(kLayers, alt_options, sm);
+  for (const Compiled* k : {&main_kernel, &alt})
+    for (int P : {127, 128, 129, 640, 767}) {
+      std::snprintf(what, sizeof what, "%d cached rows a stage", k->options.kv_rows);
+      reset();
+      set_pos(P);
+      launch(*k);
+      m.reference(stream, kLayers, P);
+      CK(cudaStreamSynchronize(stream));
+      ok = m.check(fin, kLayers, P, what) && ok;
+      ok = out_matches() && ok;
+    }
   std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
 
-  set_pos(kPos);
+  set_pos(trace_pos);
   for (int compute : {1, 0}) {  // where a layer's time goes
     const Compiled traced = compile(kLayers, with(base.max_inflight, true, compute), sm);
     const size_t marks = (size_t)nblocks * 2 * kLayers * kMarks;
@@ -266,7 +284,7 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(stream));
     std::vector<unsigned long long> tr(marks);
     CK(cudaMemcpy(tr.data(), trace, marks * 8, cudaMemcpyDeviceToHost));
-    std::printf("(position %d, %d copies in flight)\n", kPos, base.max_inflight);
+    std::printf("(position %d, %d copies in flight, %d cached rows a stage)\n", trace_pos, base.max_inflight, base.kv_rows);
     print_trace(tr, nblocks, compute);
     CK(cudaLibraryUnload(traced.library));
   }
@@ -295,6 +313,15 @@ int main(int argc, char** argv) {
                       k.options.max_inflight, k.options.release_inflight);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
+    for (int P : {512, 640, 767, 1024}) {  // the benchmark decodes at 512-767
+      set_pos(P);
+      for (const Compiled* k : {&main_kernel, &alt, &main_kernel}) {
+        reset();
+        std::snprintf(what, sizeof what, "persistent, %d cached rows a stage", k->options.kv_rows);
+        report(round, what, P, median_ms(stream, [&] { launch(*k); }, 10, 100));
+      }
+    }
+    set_pos(kPos);
     report(round, "the weight stream ALONE", kPos, median_ms(stream, [&] { launch(stream_only); }, 10, 100));
     reset();
     std::snprintf(what, sizeof what, "graph replay, %d copies in flight", base.max_inflight);

@@ -41,7 +41,12 @@ constexpr int kAStages = 6;  // a phase-A block's packed stages: q (2 heads), k,
 constexpr int kGuRegion = kABlocks * kAStages, kDownRegion = kGuRegion + kTasks;
 constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
+constexpr int kHeadInflight = @HEAD_INFLIGHT@;  // the lm_head's stages once the layers have arrived (0: the ring)
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
+// A block's cached rows come in stages of kKvRows (64: keys and values share a ring slot; 128:
+// the keys fill one slot and the values the next).
+constexpr int kKvRows = @KV_ROWS@, kKvSlots = kKvRows / 64;
+static_assert(kKvRows == 64 || kKvRows == 128, "64 or 128 cached rows a stage");
 // The head (kVocab > 0): the final RMSNorm, the lm_head rows in 8-row stages, their argmax.
 constexpr int kVocab = @VOCAB@, kHeadStages = kVocab / 8;
 // kEmbedRows > 0: x_in is the embedding table [kEmbedRows][hidden] and the token (token_in) picks
@@ -203,7 +208,7 @@ struct Smem {
   unsigned long long full[kStages], empty[kStages], csync, pushed, got_qkv, got_state;
   alignas(16) float xs[kHidden], xn[kHidden], part[kHidden];  // read as float4
   float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (pushes)
-  float loc[32], sc[2][64], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
+  float loc[32], sc[2][kKvRows], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
   unsigned long long best[kConsumers];  // the head's argmax keys, a warp each
   unsigned flag;
@@ -242,12 +247,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   }
   const bool bad_pos = pos < 0 || pos >= kMaxLen;  // no cache row written, the output NaN
   const int P = bad_pos ? 0 : static_cast<int>(pos);  // cached rows before the token; its own row is P
-  // The cached rows [0, P) in 64-row stages, split evenly among the cluster's blocks: this block
-  // attends over stages [kv_first, kv_first + kv_count).
-  const int kv_stages = (P + 63) / 64, kv_first = has_a ? kv_stages * rank / kCluster : 0;
-  const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0;
+  // The cached rows [0, P) in kKvRows-row stages, split evenly among the cluster's blocks: this
+  // block attends over stages [kv_first, kv_first + kv_count), kKvSlots ring slots each.
+  const int kv_stages = (P + kKvRows - 1) / kKvRows, kv_first = has_a ? kv_stages * rank / kCluster : 0;
+  const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0, kv_slots = kv_count * kKvSlots;
   // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
-  const int a_stages = has_a ? kAStages + kv_count : 0, per_layer = a_stages + tasks + down_stages;
+  const int a_stages = has_a ? kAStages + kv_slots : 0, per_layer = a_stages + tasks + down_stages;
   // The head: this block's lm_head stages [h0, h0 + head_count), an even share of them.
   const int h0 = kHeadStages * b / nblocks, head_count = kHeadStages * (b + 1) / nblocks - h0;
   // The rotary factors of this thread's head dim at position P, the same in every layer: read once
@@ -281,8 +286,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     // arrival (the block's `ends_before`-th) has not been made yet goes with at most that many in
     // flight (0: only after the arrival), so the arrival finds few copies to wait for while the
     // rest of the phase streams deeper.
-    auto wait_slot = [&](unsigned i, unsigned ends_before) {
-      int cap = kMaxInflight;
+    auto wait_slot = [&](unsigned i, unsigned ends_before, int deep = kMaxInflight) {
+      int cap = deep;
       if (kReleaseInflight >= 0 && *reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
         if (kReleaseInflight == 0)
           while (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
@@ -306,17 +311,22 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         const int s = i % kStages;
         wait_slot(i, has_a ? 2 * l + (k >= a_stages ? 1 : 0) : l);
         unsigned char* dst = ring + (size_t)s * kStageBytes;
-        const int cached = k - 4;  // this block's cached-row stage, when 0 <= cached < kv_count
-        if (has_a && cached >= 0 && cached < kv_count) {  // up to 64 key rows, then as many value rows
-          const int j = kv_first + cached, rows = P - 64 * j < 64 ? P - 64 * j : 64;
+        const int cached = k - 4;  // this block's cached-row slot, when 0 <= cached < kv_slots
+        if (has_a && cached >= 0 && cached < kv_slots) {  // up to kKvRows key rows and as many value rows
+          const int j = kv_first + cached / kKvSlots, rows = P - kKvRows * j < kKvRows ? P - kKvRows * j : kKvRows;
           const unsigned bytes = rows * kHeadDim * 2;
-          const size_t off = ((size_t)g * kMaxLen + 64 * j) * kHeadDim;
-          mbar_expect_bytes(&S.full[s], 2 * bytes);
-          bulk_load(dst, kcs[l] + off, bytes, &S.full[s]);
-          bulk_load(dst + kStageBytes / 2, vcs[l] + off, bytes, &S.full[s]);
+          const size_t off = ((size_t)g * kMaxLen + kKvRows * j) * kHeadDim;
+          if (kKvSlots == 1) {  // keys in the first half of the slot, values in the second
+            mbar_expect_bytes(&S.full[s], 2 * bytes);
+            bulk_load(dst, kcs[l] + off, bytes, &S.full[s]);
+            bulk_load(dst + kStageBytes / 2, vcs[l] + off, bytes, &S.full[s]);
+          } else {  // keys in this slot, values in the next
+            mbar_expect_bytes(&S.full[s], bytes);
+            bulk_load(dst, (cached % 2 ? vcs[l] : kcs[l]) + off, bytes, &S.full[s]);
+          }
           continue;
         }
-        const T* src = k < a_stages ? a_src + (size_t)(k < 4 ? k : k - kv_count) * kStageElems
+        const T* src = k < a_stages ? a_src + (size_t)(k < 4 ? k : k - kv_slots) * kStageElems
                        : k < a_stages + tasks ? gu_src + (size_t)(k - a_stages) * kStageElems
                                               : down_src + (size_t)(k - a_stages - tasks) * kStageElems;
         mbar_expect_bytes(&S.full[s], kStageBytes);
@@ -325,7 +335,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     // The head's lm_head rows: 8 consecutive rows of the model's own weight are one stage.
     for (int k = 0; k < head_count; ++k, ++i) {
-      wait_slot(i, has_a ? 2 * kLayers : kLayers);
+      wait_slot(i, has_a ? 2 * kLayers : kLayers, kHeadInflight);
       const int s = i % kStages;
       mbar_expect_bytes(&S.full[s], kStageBytes);
       bulk_load(ring + (size_t)s * kStageBytes, head_w + (size_t)(h0 + k) * kStageElems, kStageBytes, &S.full[s]);
@@ -482,10 +492,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         const int head = tid >> 7, part = (tid >> 6) & 1, d = tid & 63;  // this thread's output in the PV product
         float acc = 0.f, m_run = neg_inf(), l_run = 0.f;
         for (int s = 0; s < kv_count; ++s) {
-          const int j = kv_first + s, nrows = P - 64 * j < 64 ? P - 64 * j : 64;
-          const T* kvs = stage();
-          if (tid < 2 * 64) {  // a thread a (head, row)
-            const int hh = tid >> 6, pp = tid & 63;
+          const int j = kv_first + s, nrows = P - kKvRows * j < kKvRows ? P - kKvRows * j : kKvRows;
+          const T* kvs = peek(0);  // the keys; the values follow them in the slot, or fill the next
+          const T* v = kKvSlots == 1 ? kvs + 64 * kHeadDim : peek(1);
+          if (tid < 2 * kKvRows) {  // a thread a (head, row)
+            const int hh = tid / kKvRows, pp = tid % kKvRows;
             float a = neg_inf();
             if (pp < nrows) {
               const float2* q2 = reinterpret_cast<const float2*>(S.qf[hh]);
@@ -505,24 +516,37 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
           consumers_sync();
           if (warp < 2) {  // head `warp`: the new running max, the stage's weights, the old sums' scale
             float* sc = S.sc[warp];
-            const float s0 = sc[lane], s1 = sc[lane + 32];
-            const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));  // finite: a stage has a row
-            const float e0 = __expf(s0 - m_new), e1 = __expf(s1 - m_new), scale = __expf(m_run - m_new);
-            l_run = fmaf(l_run, scale, warp_sum(e0 + e1));
+            float e[kKvRows / 32], mx = neg_inf();
+#pragma unroll
+            for (int r = 0; r < kKvRows / 32; ++r) mx = fmaxf(mx, e[r] = sc[lane + 32 * r]);
+            const float m_new = fmaxf(m_run, warp_max(mx));  // finite: a stage has a row
+            float sum = 0.f;
+#pragma unroll
+            for (int r = 0; r < kKvRows / 32; ++r) sum += e[r] = __expf(e[r] - m_new);
+            const float scale = __expf(m_run - m_new);
+            l_run = fmaf(l_run, scale, warp_sum(sum));
             m_run = m_new;
             __syncwarp();
-            sc[lane] = e0;
-            sc[lane + 32] = e1;
+#pragma unroll
+            for (int r = 0; r < kKvRows / 32; ++r) sc[lane + 32 * r] = e[r];
             if (lane == 0) S.stat[warp][2] = scale;
           }
           consumers_sync();
-          {
-            const T* v = kvs + 64 * kHeadDim;
-            const int end = min(32 * part + 32, nrows);
+          {  // this thread's half of the stage's rows
+            constexpr int kHalf = kKvRows / 2;
+            const int end = min(kHalf * part + kHalf, nrows);
+            float acc2 = 0.f;
             acc *= S.stat[head][2];
-            for (int pp = 32 * part; pp < end; ++pp) acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+            int pp = kHalf * part;
+            if (kKvRows == 128)  // two chains over the 64 rows: the sum's dependent adds halve
+              for (; pp + 1 < end; pp += 2) {
+                acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+                acc2 = fmaf(S.sc[head][pp + 1], ld1(v[(pp + 1) * kHeadDim + d]), acc2);
+              }
+            for (; pp < end; ++pp) acc = fmaf(S.sc[head][pp], ld1(v[pp * kHeadDim + d]), acc);
+            acc += acc2;
           }
-          release();
+          for (int r = 0; r < kKvSlots; ++r) release();
           consumers_sync();  // S.sc and S.stat are the next stage's
         }
         S.ored[head][part][d] = acc;
@@ -738,6 +762,14 @@ std::string decode_layers_unsupported(const DecodeLayersShape& s) {
 std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o, int64_t blocks) {
   char buf[256];
   const int64_t a_blocks = s.kv_heads * kCluster, pairs = s.intermediate / 8, a_pairs = o.a_tasks / 2 * a_blocks;
+  if (o.kv_rows != 64 && o.kv_rows != 128) {
+    std::snprintf(buf, sizeof buf, "kv_rows %d (a stage of cached rows is 64 or 128 rows)", o.kv_rows);
+    return buf;
+  }
+  if (o.head_inflight < 0) {
+    std::snprintf(buf, sizeof buf, "head_inflight %d (copies in flight: 0 for the ring's depth, or more)", o.head_inflight);
+    return buf;
+  }
   if (o.a_tasks < 2 || o.a_tasks % 2 != 0 || o.a_tasks > kMaxTasks) {
     std::snprintf(buf, sizeof buf, "a phase-A block's MLP tasks are %d (an even number, 2 to %lld)", o.a_tasks,
                   static_cast<long long>(kMaxTasks));
@@ -792,6 +824,8 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
+  replace_all(src, "@KV_ROWS@", std::to_string(o.kv_rows));
+  replace_all(src, "@HEAD_INFLIGHT@", std::to_string(o.head_inflight));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));

@@ -75,6 +75,12 @@ struct DecodeLayersKernelOptions {
   // defaults) against 1 throughout: 0.370 against 0.381 ms a token on an H100 (four runs in three
   // calls, benchmarks/results/decode_layers_release_inflight*_h100.txt).
   int release_inflight = 1;
+  // The head's copies in flight at most once the block's last layer phase has arrived (0: the
+  // ring's depth): nothing is released after them but the head's own end.
+  int head_inflight = 2;
+  // Cached rows a block's attention stage takes (64: keys and values in one ring slot; 128: two
+  // slots, half the stages, so a block's share of positions 513-1024 is one stage, not two).
+  int kv_rows = 64;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;

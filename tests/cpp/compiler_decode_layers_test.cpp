@@ -56,6 +56,22 @@ TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHeadAndEmbe
     }
 }
 
+TEST(DecodeLayersKernel, BothAttentionStageSizesCompile) {
+  // The default's other kv_rows (64: keys and values share a ring slot; 128: a slot each).
+  for (int rows : {64, 128}) {
+    DecodeLayersKernelOptions o;
+    o.kv_rows = rows;
+    DecodeLayersShape s = bench_shape();
+    s.layers = 2;
+    const std::string name = "kiln_decode_layers_kv" + std::to_string(rows);
+    const std::string src = decode_layers_kernel_source(s, o, name);
+    EXPECT_NE(src.find("kKvRows = " + std::to_string(rows)), std::string::npos);
+    const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
+    ASSERT_EQ(m.cubins.size(), 1u);
+    EXPECT_TRUE(contains(m.cubins[0].image, name));
+  }
+}
+
 TEST(DecodeLayersKernel, TraceAddsItsParameter) {
   DecodeLayersKernelOptions o;
   o.trace = true;
@@ -100,6 +116,12 @@ TEST(DecodeLayersKernel, GridsThatCannotSplitTheWorkAreRefused) {
   EXPECT_EQ(decode_layers_grid_unfit(s, o, 64), "");
   o.a_tasks = 7;
   EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("an even number"), std::string::npos);
+  o.a_tasks = 8;
+  o.kv_rows = 96;
+  EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("kv_rows 96 (a stage of cached rows is 64 or 128 rows)"), std::string::npos);
+  o.kv_rows = 64;
+  o.head_inflight = -1;
+  EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("head_inflight -1"), std::string::npos);
 }
 
 TEST(DecodeLayersKernel, PackedCopyHoldsExactlyTheLayersWeights) {
