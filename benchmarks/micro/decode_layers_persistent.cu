@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
   if (argc > 3) base.release_inflight = std::atoi(argv[3]);
   if (argc > 4) base.kv_rows = std::atoi(argv[4]);
   const int trace_pos = argc > 5 ? std::atoi(argv[5]) : kPos;  // where the trace is taken
+  if (argc > 6) base.counted_rows = std::atoi(argv[6]);
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -174,7 +175,9 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // The sync area (zeroed once, as an engine context would, and again only where a check or a
   // timing wants a clean start), the output row and the position.
-  const size_t sync_bytes = static_cast<size_t>(kiln::ops::decode_layers_sync_bytes(shape_of(kLayers)));
+  DecodeLayersKernelOptions largest_sync = base;  // the sync area of any variant below
+  largest_sync.counted_rows = 1;
+  const size_t sync_bytes = static_cast<size_t>(kiln::ops::decode_layers_sync_bytes(shape_of(kLayers), largest_sync));
   unsigned* sync = alloc<unsigned>(sync_bytes / 4);
   const float* fin = reinterpret_cast<const float*>(sync + 4) + 3 * kHidden;  // the last phase's fp32 row
   __nv_bfloat16* out = alloc<__nv_bfloat16>(kHidden);
@@ -273,6 +276,29 @@ int main(int argc, char** argv) {
       ok = m.check(fin, kLayers, P, what) && ok;
       ok = out_matches() && ok;
     }
+  // How a phase hands its row to the next (counted_rows) with the copies in flight each allows:
+  // checked at positions launched one after another (the epoch's parity picks the counted rows'
+  // set), then timed below.
+  struct Handoff {
+    int counted, inflight, release;
+  };
+  const Handoff handoffs[] = {{0, 2, 1}, {0, 3, 1}, {1, 2, -1}, {1, 3, -1}, {1, 4, -1}, {1, 0, -1}, {2, 3, -1}};
+  std::vector<Compiled> handoff_kernels;
+  for (const Handoff& h : handoffs) {
+    DecodeLayersKernelOptions o = base;
+    o.counted_rows = h.counted, o.max_inflight = h.inflight, o.release_inflight = h.release;
+    handoff_kernels.push_back(compile(kLayers, o, sm));
+    reset();
+    for (int P : {5, 64, 700, 129}) {
+      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight", h.counted, h.inflight);
+      set_pos(P);
+      launch(handoff_kernels.back());
+      m.reference(stream, kLayers, P);
+      CK(cudaStreamSynchronize(stream));
+      ok = m.check(fin, kLayers, P, what) && ok;
+      ok = out_matches() && ok;
+    }
+  }
   std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
 
   set_pos(trace_pos);
@@ -304,6 +330,12 @@ int main(int argc, char** argv) {
   };
   for (int round = 0; round < 2; ++round) {
     set_pos(kPos);
+    for (const Compiled& k : handoff_kernels) {  // each hand-off with its copies in flight
+      reset();
+      std::snprintf(what, sizeof what, "persistent, counted_rows %d, %d copies in flight, %d before the arrival",
+                    k.options.counted_rows, k.options.max_inflight, k.options.release_inflight);
+      report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
+    }
     for (const Compiled& k : caps) {  // direct launches at each cap
       reset();
       if (k.options.release_inflight < 0)

@@ -43,6 +43,17 @@ constexpr int kStagesPerLayer = kDownRegion + kTasks / 2;
 constexpr int kStages = @STAGES@, kMaxInflight = @MAX_INFLIGHT@, kReleaseInflight = @RELEASE_INFLIGHT@;
 constexpr int kHeadInflight = @HEAD_INFLIGHT@;  // the lm_head's stages once the layers have arrived (0: the ring)
 constexpr int kCompute = @COMPUTE@, kMarks = 8;
+// kCounted > 0: a phase's output row is counted (see the sync area below), so a phase needs no
+// arrival: its readers poll the row itself (1: every thread its own elements; 2: one thread an
+// element first, then every thread its own).
+constexpr int kCounted = @COUNTED@;
+// A counted row element is a u64: the sum of its contributions in fixed point (units of 2^-28,
+// two's complement) plus 2^57 a contribution, so it holds every contribution exactly when
+// (element - N * 2^57) lies in [-2^56, 2^56) for the N it expects (N < 64): one fewer leaves it at
+// least 2^56 below. A contribution of magnitude 2^23 or more (or NaN) is not added; it sets the
+// overflow flag instead, which makes the output NaN.
+constexpr int kCountShift = 57;
+constexpr float kFixScale = 268435456.f, kFixUnit = 1.f / 268435456.f, kFixLimit = 8388608.f;
 // A block's cached rows come in stages of kKvRows (64: keys and values share a ring slot; 128:
 // the keys fill one slot and the values the next).
 constexpr int kKvRows = @KV_ROWS@, kKvSlots = kKvRows / 64;
@@ -130,6 +141,21 @@ __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
   unsigned old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
+}
+__device__ __forceinline__ void red_add_u64(unsigned long long* p, unsigned long long v) {
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ ulonglong2 ld_relaxed_v2(const unsigned long long* p) {
+  ulonglong2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+  return v;
+}
+// A counted row's element holds its N contributions (see kCountShift).
+__device__ __forceinline__ bool counted_done(unsigned long long e, unsigned long long want) {
+  return (unsigned long long)((long long)(e - want) + (1ll << (kCountShift - 1))) < (1ull << kCountShift);
+}
+__device__ __forceinline__ float counted_value(unsigned long long e, unsigned long long want) {
+  return static_cast<float>(static_cast<long long>(e - want)) * kFixUnit;
 }
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
@@ -288,7 +314,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     // rest of the phase streams deeper.
     auto wait_slot = [&](unsigned i, unsigned ends_before, int deep = kMaxInflight) {
       int cap = deep;
-      if (kReleaseInflight >= 0 && *reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
+      if (kReleaseInflight >= 0 && kCompute != 2 && *reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
         if (kReleaseInflight == 0)
           while (*reinterpret_cast<volatile unsigned*>(&S.ends) < ends_before) {
           }
@@ -373,6 +399,32 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   constexpr int kPhases = 2 * kLayers;
   // Phase p's output row: a ring of three (p + 1), the last phase's its own.
   auto row = [&](int p) { return p == kPhases ? fin : rows + ((ring0 + p) % 3) * kHidden; };
+  // Counted rows (kCounted): after the head's key, an overflow flag, then two sets of kPhases rows
+  // of u64 elements; a launch adds into the set of its epoch's parity (phase p into crow(p + 1))
+  // and zeroes the other one, which the previous launch used and the next will.
+  unsigned* const overflow = reinterpret_cast<unsigned*>(fin + kHidden + 4);
+  unsigned long long* const csets = reinterpret_cast<unsigned long long*>(fin + kHidden + 8);
+  auto crow = [&](int p) { return csets + ((size_t)(epoch & 1) * kPhases + p - 1) * kHidden; };
+  // The contributions a counted row's element gets: phase A's from each kv head's cluster, phase
+  // B's from every cluster.
+  auto want_of = [&](int p) {
+    return (unsigned long long)((p - 1) % 2 == 0 ? kKvHeads : nblocks / kCluster) << kCountShift;
+  };
+  auto add_row = [&](int p, int j, float v) {  // phase p's contribution v to element j of its output row
+    if (kCounted) {
+      if (!(fabsf(v) < kFixLimit)) {
+        atomicOr(overflow, 1u);
+        v = 0.f;
+      }
+      red_add_u64(crow(p + 1) + j, (1ull << kCountShift) + (unsigned long long)__float2ll_rn(v * kFixScale));
+    } else {
+      atomicAdd(row(p + 1) + j, v);
+    }
+  };
+  // The elements a consumer thread reads and normalizes: strided, or with counted rows pairs (one
+  // 16-byte load of two u64 elements).
+  constexpr int kPer = kHidden / kCT;
+  auto elem = [&](int q) { return kCounted ? 2 * tid + (q & 1) + 2 * kCT * (q >> 1) : tid + q * kCT; };
   // Phase p reads row(p) (p == 0: the embedding) and adds into row(p + 1), which block 0 zeroed at
   // the start of phase p-1, after every reader of it in phase p-2 had arrived; the previous
   // launch's last phase zeroed this launch's first output row. It ends with the normalized row in
@@ -382,10 +434,27 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   auto begin_phase = [&](int p, const T* gamma, float (&xr)[32]) {
     // The norm weights do not depend on the wait: read before it, not after the reduction (a
     // dependent global load on the chain).
-    float gam[kHidden / kCT];
+    float gam[kPer], vals[kPer];
 #pragma unroll
-    for (int q = 0; q < kHidden / kCT; ++q) gam[q] = ld1(gamma[tid + q * kCT]);
-    if (p > 0 && tid == 0) {
+    for (int q = 0; q < kPer; ++q) gam[q] = ld1(gamma[elem(q)]);
+    if (p == 0) {
+#pragma unroll
+      for (int q = 0; q < kPer; ++q) vals[q] = ld1(x_row[elem(q)]);
+    } else if (kCounted) {  // the row itself is the wait: each thread polls its elements until complete
+      const unsigned long long want = want_of(p);
+      const unsigned long long* src = crow(p);
+      if (kCounted == 2 && tid == 0)
+        while (!counted_done(ld_relaxed_v2(src + kHidden - 2).y, want)) {
+        }
+      if (kCounted == 2) consumers_sync();
+#pragma unroll
+      for (int h = 0; h < kPer / 2; ++h) {
+        ulonglong2 e = ld_relaxed_v2(src + elem(2 * h));
+        while (!counted_done(e.x, want) || !counted_done(e.y, want)) e = ld_relaxed_v2(src + elem(2 * h));
+        vals[2 * h] = counted_value(e.x, want);
+        vals[2 * h + 1] = counted_value(e.y, want);
+      }
+    } else if (tid == 0) {
       const unsigned* counter = sync + (p % 2 ? 0 : 1);
       const unsigned target = p % 2 ? base_a + (unsigned)(p / 2 + 1) * kABlocks : base_b + (unsigned)(p / 2) * nblocks;
       while (static_cast<int>(ld_acquire(counter) - target) < 0) {
@@ -393,15 +462,21 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     }
     mark(p, 0);
     consumers_sync();
-    if (b == 0 && p < kPhases) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
+    if (!kCounted && b == 0 && p < kPhases) {  // row(p + 2) was phase p-1's input, read by every block before it arrived
       float* zero = p + 2 == kPhases ? fin : rows + ((ring0 + p + 2) % 3) * kHidden;
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
     }
+    if (kCounted && p == 0) {  // the other set, a slice a block (16 bytes a store)
+      ulonglong2* other = reinterpret_cast<ulonglong2*>(csets + (size_t)((epoch + 1) & 1) * kPhases * kHidden);
+      const int n = kPhases * kHidden / 2, from = (int)((long long)n * b / nblocks), to = (int)((long long)n * (b + 1) / nblocks);
+      for (int k = from + tid; k < to; k += kCT) other[k] = make_ulonglong2(0ull, 0ull);
+    }
     float ss = 0.f;
-    for (int j = tid; j < kHidden; j += kCT) {
-      const float v = p == 0 ? ld1(x_row[j]) : __ldcg(row(p) + j);
-      S.xs[j] = v;
-      ss += v * v;
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      if (!kCounted && p > 0) vals[q] = __ldcg(row(p) + elem(q));
+      S.xs[elem(q)] = vals[q];
+      ss += vals[q] * vals[q];
     }
     ss = warp_sum(ss);
     if (lane == 0) S.red[warp] = ss;
@@ -411,31 +486,41 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
     for (int w = 0; w < kConsumers; ++w) tot += S.red[w];
     const float rstd = rsqrtf(tot / kHidden + (p == kPhases ? kHeadEps : kEps));
 #pragma unroll
-    for (int q = 0; q < kHidden / kCT; ++q) S.xn[tid + q * kCT] = S.xs[tid + q * kCT] * rstd * gam[q];
+    for (int q = 0; q < kPer; ++q) S.xn[elem(q)] = vals[q] * rstd * gam[q];
     consumers_sync();
     mark(p, 1);
     load_x(xr, S.xn, lane);
   };
   // The phase's arrival; the launch's last arrival of all converts the output row and advances
   // the epoch.
+  // With counted rows only the launch's last phase arrives (the readers poll the rows); its last
+  // arrival also writes the fp32 row into `fin`.
   auto end_phase = [&](int p) {
-    consumers_sync();
+    const bool last_phase = p == kPhases - 1 && kVocab == 0;
+    if (!kCounted || last_phase) consumers_sync();
     if (tid == 0) {
-      if (p == kPhases - 1 && kVocab == 0) {
-        const unsigned last = base_b + (unsigned)kLayers * nblocks - 1;
+      if (last_phase) {
+        const unsigned last = kCounted ? epoch * nblocks + nblocks - 1 : base_b + (unsigned)kLayers * nblocks - 1;
         S.flag = atom_add_acq_rel(sync + 1, 1u) == last;
-      } else {
+      } else if (!kCounted) {
         red_release(sync + (p % 2), 1u);
       }
       *reinterpret_cast<volatile unsigned*>(&S.ends) = S.ends + 1;
       mark(p, kMarks - 1);
     }
-    if (p == kPhases - 1 && kVocab == 0) {
+    if (last_phase) {
       consumers_sync();
       if (S.flag) {
-        for (int j = tid; j < kHidden; j += kCT)
-          out[j] = (@OUT_T@)st1(bad_pos ? __int_as_float(0x7fc00000) : __ldcg(fin + j));
-        if (tid == 0) sync[2] = epoch + 1;
+        const bool nan = bad_pos || (kCounted && *reinterpret_cast<volatile unsigned*>(overflow));
+        for (int j = tid; j < kHidden; j += kCT) {
+          float v = kCounted ? counted_value(__ldcg(crow(kPhases) + j), want_of(kPhases)) : __ldcg(fin + j);
+          if (kCounted) fin[j] = v;
+          out[j] = (@OUT_T@)st1(nan ? __int_as_float(0x7fc00000) : v);
+        }
+        if (tid == 0) {
+          if (kCounted) *overflow = 0u;
+          sync[2] = epoch + 1;
+        }
       }
     }
   };
@@ -451,7 +536,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   }
   for (int l = 0; l < kLayers; ++l) {
     int p = 2 * l;
-    float* o_row = row(p + 1);
     if (has_a) {  // ---------------- phase A: kv head g, query heads 2g and 2g+1 ----------------
       float xr[32];
       begin_phase(p, norms + (size_t)(2 * l) * kHidden, xr);
@@ -611,7 +695,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
           v += __shfl_xor_sync(0xffffffffu, v, 8);
           if (chunk == 0) {
             const int j = 128 * rank + 64 * s + r;
-            atomicAdd(o_row + j, g == 0 ? v + S.xs[j] : v);
+            add_row(p, j, g == 0 ? v + S.xs[j] : v);
           }
         }
         release();
@@ -622,7 +706,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
 
     // ---------------- phase B: this block's intermediate columns, every block ----------------
     p = 2 * l + 1;
-    o_row = row(p + 1);
     float xr[32];
     begin_phase(p, norms + (size_t)(2 * l + 1) * kHidden, xr);
     for (int t = 0; t < tasks; t += 2) {  // a pair of tasks (two stages) at once; warp w < 4: gate column 4t+w, else up
@@ -670,7 +753,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       float v = c == 0 ? S.xs[j] : 0.f;
 #pragma unroll
       for (int q = 0; q < kCluster; ++q) v += S.part[128 * q + tid];
-      atomicAdd(o_row + j, v);
+      add_row(p, j, v);
     }
     mark(p, 5);
     end_phase(p);
@@ -717,7 +800,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       // The launch's last arrival of all reads the winner (and clears it for the next launch).
       if (atom_add_acq_rel(sync + 3, 1u) == epoch * (unsigned)nblocks + nblocks - 1) {
         const unsigned long long won = atomicExch(top, 0ull);
-        const unsigned idx = 0xffffffffu - (unsigned)won;
+        unsigned idx = 0xffffffffu - (unsigned)won;
+        if (kCounted && *reinterpret_cast<volatile unsigned*>(overflow)) {  // a residual too large: NaN logits, as PyTorch's argmax of them
+          for (int r = 0; r < kVocab; ++r) logits[r] = st1(__int_as_float(0x7fc00000));
+          idx = 0u;
+          *overflow = 0u;
+        }
         out[0] = (@OUT_T@)(idx < (unsigned)kVocab ? idx : 0u);
         sync[2] = epoch + 1;
       }
@@ -766,6 +854,10 @@ std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLay
     std::snprintf(buf, sizeof buf, "kv_rows %d (a stage of cached rows is 64 or 128 rows)", o.kv_rows);
     return buf;
   }
+  if (o.counted_rows < 0 || o.counted_rows > 2) {
+    std::snprintf(buf, sizeof buf, "counted_rows %d (0: arrival counters; 1 or 2: counted rows)", o.counted_rows);
+    return buf;
+  }
   if (o.head_inflight < 0) {
     std::snprintf(buf, sizeof buf, "head_inflight %d (copies in flight: 0 for the ring's depth, or more)", o.head_inflight);
     return buf;
@@ -805,7 +897,12 @@ int64_t decode_layers_stages_per_layer(const DecodeLayersShape& s) {
 int64_t decode_layers_packed_elems(const DecodeLayersShape& s) {
   return s.layers * decode_layers_stages_per_layer(s) * (kStageBytes / 2) + s.layers * 2 * s.hidden;
 }
-int64_t decode_layers_sync_bytes(const DecodeLayersShape& s) { return 16 + 4 * 4 * s.hidden + (s.vocab > 0 ? 16 : 0); }
+int64_t decode_layers_sync_bytes(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o) {
+  // counters and epoch, 3 rows and the last (fp32), the head's key; with counted rows an overflow
+  // flag (padded to 16 bytes) and two sets of 2 * layers u64 rows
+  if (o.counted_rows) return 16 + 4 * 4 * s.hidden + 32 + 2 * (2 * s.layers) * s.hidden * 8;
+  return 16 + 4 * 4 * s.hidden + (s.vocab > 0 ? 16 : 0);
+}
 int64_t decode_layers_shared_bytes(const DecodeLayersKernelOptions& o) { return o.stages * kStageBytes + kStateBytes; }
 
 std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& o,
@@ -824,6 +921,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@MAX_INFLIGHT@", std::to_string(o.max_inflight));
   replace_all(src, "@RELEASE_INFLIGHT@", std::to_string(o.release_inflight));
   replace_all(src, "@COMPUTE@", std::to_string(o.compute));
+  replace_all(src, "@COUNTED@", std::to_string(o.counted_rows));
   replace_all(src, "@KV_ROWS@", std::to_string(o.kv_rows));
   replace_all(src, "@HEAD_INFLIGHT@", std::to_string(o.head_inflight));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));

@@ -15,7 +15,7 @@
 //                          [0, max_len) writes no cache row and makes `out` NaN
 //   const T* cos, const T* sin   the rotary tables, [max_len][head_dim] (rotate-half form: entry d
 //                                and d + head_dim / 2 alike, as Hugging Face's rotary gives them)
-//   unsigned* sync    decode_layers_sync_bytes(shape) bytes, zeroed once (a context's state):
+//   unsigned* sync    decode_layers_sync_bytes(shape, options) bytes, zeroed once (a context's state):
 //                     arrival counters, the launch epoch, the residual rows; nothing else writes it
 //   T* k_cache_0 .. T* k_cache_{L-1}, T* v_cache_0 .. T* v_cache_{L-1}
 //                     each layer's cache, [kv_heads][max_len][head_dim]
@@ -81,6 +81,15 @@ struct DecodeLayersKernelOptions {
   // Cached rows a block's attention stage takes (64: keys and values in one ring slot; 128: two
   // slots, half the stages, so a block's share of positions 513-1024 is one stage, not two).
   int kv_rows = 64;
+  // How a phase hands its output row to the next. 0: each block adds its part with float atomics,
+  // then arrives on a counter (a release, which waits for the block's copies in flight); the
+  // readers wait for the counter, then read the row. 1: counted rows: each element is a u64 that
+  // sums the contributions in fixed point (2^-28) and counts them, so the readers poll the row
+  // itself and no phase but the last arrives; the sums no longer depend on the order of the adds
+  // (the same token every run), and a contribution of 2^23 or more makes the output NaN. 2: as 1,
+  // but one thread polls an element before the block's threads poll theirs. The sync area grows
+  // by 4 * layers rows of 8-byte elements.
+  int counted_rows = 0;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
@@ -103,7 +112,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
 // weights.
 int64_t decode_layers_stages_per_layer(const DecodeLayersShape& shape);
 int64_t decode_layers_packed_elems(const DecodeLayersShape& shape);
-int64_t decode_layers_sync_bytes(const DecodeLayersShape& shape);
+int64_t decode_layers_sync_bytes(const DecodeLayersShape& shape, const DecodeLayersKernelOptions& options);
 int64_t decode_layers_shared_bytes(const DecodeLayersKernelOptions& options);
 
 }  // namespace kiln::ops

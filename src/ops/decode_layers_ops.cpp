@@ -95,7 +95,7 @@ void DecodeLayersPlan::lower(LowerContext& ctx, engine::Step& step) const {
   packed.copies = decode_layers_pack_copies(*this, weights);
   const uint32_t packed_tensor =
       ctx.add_derived_weight(std::move(packed), shape.dtype, {decode_layers_packed_elems(shape)});
-  const uint32_t sync = ctx.add_state(sync_key, static_cast<uint64_t>(decode_layers_sync_bytes(shape)));
+  const uint32_t sync = ctx.add_state(sync_key, static_cast<uint64_t>(decode_layers_sync_bytes(shape, kernel)));
 
   // The grid: as many clusters as are co-resident (the runtime decides, up to the most), at least
   // the fewest that can split the MLP tasks.

@@ -49,7 +49,7 @@ TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHeadAndEmbe
       EXPECT_EQ(src.find("const unsigned short* __restrict__ head_norm") != std::string::npos, vocab > 0);
       EXPECT_EQ(src.find("(long long* out") != std::string::npos, vocab > 0);
       EXPECT_EQ(src.find(", const long long* token_in") != std::string::npos, embed_rows > 0);
-      EXPECT_EQ(decode_layers_sync_bytes(s), 16 + 16 * s.hidden + (vocab > 0 ? 16 : 0));
+      EXPECT_EQ(decode_layers_sync_bytes(s, DecodeLayersKernelOptions{}), 16 + 16 * s.hidden + (vocab > 0 ? 16 : 0));
       const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
       ASSERT_EQ(m.cubins.size(), 1u);
       EXPECT_TRUE(contains(m.cubins[0].image, name));
@@ -70,6 +70,29 @@ TEST(DecodeLayersKernel, BothAttentionStageSizesCompile) {
     ASSERT_EQ(m.cubins.size(), 1u);
     EXPECT_TRUE(contains(m.cubins[0].image, name));
   }
+}
+
+TEST(DecodeLayersKernel, CountedRowsCompileAndGrowTheSyncArea) {
+  // Counted rows (the readers poll the rows, no arrival a phase), without and with the head.
+  for (int counted : {1, 2}) {
+    DecodeLayersKernelOptions o;
+    o.counted_rows = counted;
+    DecodeLayersShape s = bench_shape();
+    s.layers = 2;
+    s.vocab = counted == 2 ? 512 : 0;
+    const std::string name = "kiln_decode_layers_counted" + std::to_string(counted);
+    const std::string src = decode_layers_kernel_source(s, o, name);
+    EXPECT_NE(src.find("kCounted = " + std::to_string(counted)), std::string::npos);
+    // the fp32 area, the head's key and the overflow flag, then two sets of 2 * layers u64 rows
+    EXPECT_EQ(decode_layers_sync_bytes(s, o), 16 + 16 * s.hidden + 32 + 2 * 4 * s.hidden * 8);
+    EXPECT_EQ(decode_layers_grid_unfit(s, o, 128), "");
+    const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
+    ASSERT_EQ(m.cubins.size(), 1u);
+    EXPECT_TRUE(contains(m.cubins[0].image, name));
+  }
+  DecodeLayersKernelOptions bad;
+  bad.counted_rows = 3;
+  EXPECT_NE(decode_layers_grid_unfit(bench_shape(), bad, 128).find("counted_rows 3"), std::string::npos);
 }
 
 TEST(DecodeLayersKernel, TraceAddsItsParameter) {
