@@ -56,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,21 @@ Compiled compile(int layers, const DecodeLayersKernelOptions& o, int sm) {
   CK(cudaFuncSetAttribute(reinterpret_cast<const void*>(c.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                           static_cast<int>(c.shared)));
   return c;
+}
+
+// Waits for the stream, at most `seconds`: a persistent kernel whose blocks wait for each other
+// hangs rather than fails when a hand-off is wrong, and the rest of the run is worth having.
+void settle(cudaStream_t stream, const char* what, double seconds = 5.0) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) CK(state);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) {
+      std::printf("HANG: %s did not finish in %.0f s <-- WRONG\n", what, seconds);
+      std::exit(3);
+    }
+  }
 }
 
 }  // namespace
@@ -216,6 +232,7 @@ int main(int argc, char** argv) {
       reset();
       set_pos(kPos);
       launch(*k);
+      settle(stream, "the first launch");
       m.reference(stream, k->layers, kPos);
       CK(cudaStreamSynchronize(stream));
       ok = m.check(fin, k->layers, kPos, what) && ok;
@@ -293,6 +310,7 @@ int main(int argc, char** argv) {
       std::snprintf(what, sizeof what, "counted_rows %d, %d in flight", h.counted, h.inflight);
       set_pos(P);
       launch(handoff_kernels.back());
+      settle(stream, what);
       m.reference(stream, kLayers, P);
       CK(cudaStreamSynchronize(stream));
       ok = m.check(fin, kLayers, P, what) && ok;
