@@ -296,18 +296,22 @@ int main(int argc, char** argv) {
   // How a phase hands its row to the next (counted_rows) with the copies in flight each allows:
   // checked at positions launched one after another (the epoch's parity picks the counted rows'
   // set), then timed below.
+  // The phase-A blocks' MLP share (a_tasks) too: without arrivals the balance between the blocks
+  // with phase-A work and those without may move.
   struct Handoff {
-    int counted, inflight, release;
+    int counted, inflight, release, a_tasks;
   };
-  const Handoff handoffs[] = {{0, 2, 1}, {0, 3, 1}, {1, 2, -1}, {1, 3, -1}, {1, 4, -1}, {1, 0, -1}, {2, 3, -1}};
+  const Handoff handoffs[] = {{0, 2, 1, 8},  {0, 3, 1, 8},  {1, 2, -1, 8}, {1, 3, -1, 8}, {1, 4, -1, 8},
+                              {1, 0, -1, 8}, {2, 3, -1, 8}, {1, 3, -1, 6}, {1, 3, -1, 10}};
   std::vector<Compiled> handoff_kernels;
   for (const Handoff& h : handoffs) {
     DecodeLayersKernelOptions o = base;
-    o.counted_rows = h.counted, o.max_inflight = h.inflight, o.release_inflight = h.release;
+    o.counted_rows = h.counted, o.max_inflight = h.inflight, o.release_inflight = h.release, o.a_tasks = h.a_tasks;
+    if (!kiln::ops::decode_layers_grid_unfit(shape_of(kLayers), o, nblocks).empty()) continue;
     handoff_kernels.push_back(compile(kLayers, o, sm));
     reset();
     for (int P : {5, 64, 700, 129}) {
-      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight", h.counted, h.inflight);
+      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks", h.counted, h.inflight, h.a_tasks);
       set_pos(P);
       launch(handoff_kernels.back());
       settle(stream, what);
@@ -350,8 +354,8 @@ int main(int argc, char** argv) {
     set_pos(kPos);
     for (const Compiled& k : handoff_kernels) {  // each hand-off with its copies in flight
       reset();
-      std::snprintf(what, sizeof what, "persistent, counted_rows %d, %d copies in flight, %d before the arrival",
-                    k.options.counted_rows, k.options.max_inflight, k.options.release_inflight);
+      std::snprintf(what, sizeof what, "persistent, counted_rows %d, %d copies in flight, %d before the arrival, %d tasks",
+                    k.options.counted_rows, k.options.max_inflight, k.options.release_inflight, k.options.a_tasks);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
     for (const Compiled& k : caps) {  // direct launches at each cap
