@@ -466,11 +466,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
       float* zero = p + 2 == kPhases ? fin : rows + ((ring0 + p + 2) % 3) * kHidden;
       for (int j = tid; j < kHidden; j += kCT) zero[j] = 0.f;
     }
-    if (kCounted && p == 0) {  // the other set, a slice a block (16 bytes a store)
-      ulonglong2* other = reinterpret_cast<ulonglong2*>(csets + (size_t)((epoch + 1) & 1) * kPhases * kHidden);
-      const int n = kPhases * kHidden / 2, from = (int)((long long)n * b / nblocks), to = (int)((long long)n * (b + 1) / nblocks);
-      for (int k = from + tid; k < to; k += kCT) other[k] = make_ulonglong2(0ull, 0ull);
-    }
     float ss = 0.f;
 #pragma unroll
     for (int q = 0; q < kPer; ++q) {
@@ -533,6 +528,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         release();
       }
     return;
+  }
+  if (kCounted) {  // the other set of counted rows, a slice a block (16 bytes a store); every block, phase A or not
+    ulonglong2* other = reinterpret_cast<ulonglong2*>(csets + (size_t)((epoch + 1) & 1) * kPhases * kHidden);
+    const int n = kPhases * kHidden / 2, from = (int)((long long)n * b / nblocks), to = (int)((long long)n * (b + 1) / nblocks);
+    for (int k = from + tid; k < to; k += kCT) other[k] = make_ulonglong2(0ull, 0ull);
   }
   for (int l = 0; l < kLayers; ++l) {
     int p = 2 * l;
