@@ -301,8 +301,8 @@ int main(int argc, char** argv) {
   struct Handoff {
     int counted, inflight, release, a_tasks;
   };
-  const Handoff handoffs[] = {{0, 2, 1, 8},  {0, 3, 1, 8},  {1, 2, -1, 8}, {1, 3, -1, 8}, {1, 4, -1, 8},
-                              {1, 0, -1, 8}, {2, 3, -1, 8}, {1, 3, -1, 6}, {1, 3, -1, 10}};
+  const Handoff handoffs[] = {{0, 2, 1, 8},  {1, 2, 1, 8},  {2, 2, 1, 8},  {1, 2, 1, 10}, {2, 2, 1, 10},
+                              {1, 2, 1, 12}, {2, 2, 1, 12}, {2, 2, -1, 10}, {2, 3, 1, 10}, {0, 2, 1, 10}};
   std::vector<Compiled> handoff_kernels;
   for (const Handoff& h : handoffs) {
     DecodeLayersKernelOptions o = base;
@@ -328,8 +328,9 @@ int main(int argc, char** argv) {
     const Compiled traced = compile(kLayers, with(base.max_inflight, true, compute), sm);
     const size_t marks = (size_t)nblocks * 2 * kLayers * kMarks;
     CK(cudaMemsetAsync(trace, 0, marks * 8, stream));
+    reset();  // the hand-off variants above count their arrivals differently
     launch(traced);
-    CK(cudaStreamSynchronize(stream));
+    settle(stream, "the traced launch");
     std::vector<unsigned long long> tr(marks);
     CK(cudaMemcpy(tr.data(), trace, marks * 8, cudaMemcpyDeviceToHost));
     std::printf("(position %d, %d copies in flight, %d cached rows a stage)\n", trace_pos, base.max_inflight, base.kv_rows);
