@@ -279,11 +279,13 @@ int main(int argc, char** argv) {
   }
   // The kernel's other code path (kv_rows: what it computes at once, not only when): checked at
   // the positions where its stages split differently, and timed beside the main kernel below.
-  DecodeLayersKernelOptions alt_options = base;
+  // (the other two of 64, 128 and 0 = by position)
+  DecodeLayersKernelOptions alt_options = base, alt2_options = base;
   alt_options.kv_rows = base.kv_rows == 64 ? 128 : 64;
-  const Compiled alt = compile(kLayers, alt_options, sm);
-  for (const Compiled* k : {&main_kernel, &alt})
-    for (int P : {127, 128, 129, 640, 767}) {
+  alt2_options.kv_rows = base.kv_rows == 0 ? 128 : 0;
+  const Compiled alt = compile(kLayers, alt_options, sm), alt2 = compile(kLayers, alt2_options, sm);
+  for (const Compiled* k : {&main_kernel, &alt, &alt2})
+    for (int P : {127, 128, 129, 512, 513, 640, 767}) {
       std::snprintf(what, sizeof what, "%d cached rows a stage", k->options.kv_rows);
       reset();
       set_pos(P);
@@ -370,7 +372,7 @@ int main(int argc, char** argv) {
     }
     for (int P : {512, 640, 767, 1024}) {  // the benchmark decodes at 512-767
       set_pos(P);
-      for (const Compiled* k : {&main_kernel, &alt, &main_kernel}) {
+      for (const Compiled* k : {&main_kernel, &alt, &alt2, &main_kernel}) {
         reset();
         std::snprintf(what, sizeof what, "persistent, %d cached rows a stage", k->options.kv_rows);
         report(round, what, P, median_ms(stream, [&] { launch(*k); }, 10, 100));

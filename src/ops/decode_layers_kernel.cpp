@@ -54,10 +54,15 @@ constexpr int kCounted = @COUNTED@;
 // overflow flag instead, which makes the output NaN.
 constexpr int kCountShift = 57;
 constexpr float kFixScale = 268435456.f, kFixUnit = 1.f / 268435456.f, kFixLimit = 8388608.f;
-// A block's cached rows come in stages of kKvRows (64: keys and values share a ring slot; 128:
-// the keys fill one slot and the values the next).
-constexpr int kKvRows = @KV_ROWS@, kKvSlots = kKvRows / 64;
-static_assert(kKvRows == 64 || kKvRows == 128, "64 or 128 cached rows a stage");
+// A block's cached rows come in stages of 64 rows (keys and values share a ring slot) or 128 (the
+// keys fill one slot and the values the next): kKvRows, or with 0 by position, 128 past 8 x 64
+// (where a block's share of the rows would be two 64-row stages).
+constexpr int kKvRows = @KV_ROWS@;
+static_assert(kKvRows == 0 || kKvRows == 64 || kKvRows == 128, "64 or 128 cached rows a stage, or 0");
+template <int N>
+struct Rows {
+  static constexpr int value = N;
+};
 // The head (kVocab > 0): the final RMSNorm, the lm_head rows in 8-row stages, their argmax.
 constexpr int kVocab = @VOCAB@, kHeadStages = kVocab / 8;
 // kEmbedRows > 0: x_in is the embedding table [kEmbedRows][hidden] and the token (token_in) picks
@@ -234,7 +239,7 @@ struct Smem {
   unsigned long long full[kStages], empty[kStages], csync, pushed, got_qkv, got_state;
   alignas(16) float xs[kHidden], xn[kHidden], part[kHidden];  // read as float4
   float qf[2][kHeadDim], kf[kHeadDim], vf[kHeadDim];  // written by the whole cluster (pushes)
-  float loc[32], sc[2][kKvRows], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
+  float loc[32], sc[2][128], stat[2][3], state[2][2 + kHeadDim], ored[2][2][kHeadDim], attn[2 * kHeadDim];
   float h[2 * 4 * kMaxTasks], red[kConsumers];
   unsigned long long best[kConsumers];  // the head's argmax keys, a warp each
   unsigned flag;
@@ -273,10 +278,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
   }
   const bool bad_pos = pos < 0 || pos >= kMaxLen;  // no cache row written, the output NaN
   const int P = bad_pos ? 0 : static_cast<int>(pos);  // cached rows before the token; its own row is P
-  // The cached rows [0, P) in kKvRows-row stages, split evenly among the cluster's blocks: this
-  // block attends over stages [kv_first, kv_first + kv_count), kKvSlots ring slots each.
-  const int kv_stages = (P + kKvRows - 1) / kKvRows, kv_first = has_a ? kv_stages * rank / kCluster : 0;
-  const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0, kv_slots = kv_count * kKvSlots;
+  // The cached rows [0, P) in kv_rows-row stages, split evenly among the cluster's blocks: this
+  // block attends over stages [kv_first, kv_first + kv_count), kv_per ring slots each.
+  const int kv_rows = kKvRows ? kKvRows : (P > kCluster * 64 ? 128 : 64), kv_per = kv_rows / 64;
+  const int kv_stages = (P + kv_rows - 1) / kv_rows, kv_first = has_a ? kv_stages * rank / kCluster : 0;
+  const int kv_count = has_a ? kv_stages * (rank + 1) / kCluster - kv_first : 0, kv_slots = kv_count * kv_per;
   // A layer's stages: phase A's q, q, k, v, the block's cached rows, o, o; then phase B's.
   const int a_stages = has_a ? kAStages + kv_slots : 0, per_layer = a_stages + tasks + down_stages;
   // The head: this block's lm_head stages [h0, h0 + head_count), an even share of them.
@@ -338,11 +344,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         wait_slot(i, has_a ? 2 * l + (k >= a_stages ? 1 : 0) : l);
         unsigned char* dst = ring + (size_t)s * kStageBytes;
         const int cached = k - 4;  // this block's cached-row slot, when 0 <= cached < kv_slots
-        if (has_a && cached >= 0 && cached < kv_slots) {  // up to kKvRows key rows and as many value rows
-          const int j = kv_first + cached / kKvSlots, rows = P - kKvRows * j < kKvRows ? P - kKvRows * j : kKvRows;
+        if (has_a && cached >= 0 && cached < kv_slots) {  // up to kv_rows key rows and as many value rows
+          const int j = kv_first + cached / kv_per, rows = P - kv_rows * j < kv_rows ? P - kv_rows * j : kv_rows;
           const unsigned bytes = rows * kHeadDim * 2;
-          const size_t off = ((size_t)g * kMaxLen + kKvRows * j) * kHeadDim;
-          if (kKvSlots == 1) {  // keys in the first half of the slot, values in the second
+          const size_t off = ((size_t)g * kMaxLen + kv_rows * j) * kHeadDim;
+          if (kv_per == 1) {  // keys in the first half of the slot, values in the second
             mbar_expect_bytes(&S.full[s], 2 * bytes);
             bulk_load(dst, kcs[l] + off, bytes, &S.full[s]);
             bulk_load(dst + kStageBytes / 2, vcs[l] + off, bytes, &S.full[s]);
@@ -575,7 +581,9 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
         // (online softmax: warp h keeps head h's running max and sum), then the new position
         const int head = tid >> 7, part = (tid >> 6) & 1, d = tid & 63;  // this thread's output in the PV product
         float acc = 0.f, m_run = neg_inf(), l_run = 0.f;
-        for (int s = 0; s < kv_count; ++s) {
+        // One stage of R rows (R a compile-time constant: both sizes are compiled when kv_rows goes by position).
+        auto attend = [&](int s, auto rows_c) {
+          constexpr int kKvRows = decltype(rows_c)::value, kKvSlots = kKvRows / 64;
           const int j = kv_first + s, nrows = P - kKvRows * j < kKvRows ? P - kKvRows * j : kKvRows;
           const T* kvs = peek(0);  // the keys; the values follow them in the slot, or fill the next
           const T* v = kKvSlots == 1 ? kvs + 64 * kHeadDim : peek(1);
@@ -632,6 +640,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(kiln_dl_@
           }
           for (int r = 0; r < kKvSlots; ++r) release();
           consumers_sync();  // S.sc and S.stat are the next stage's
+        };
+        for (int s = 0; s < kv_count; ++s) {
+          if (kKvRows == 64 || (kKvRows == 0 && kv_rows == 64))
+            attend(s, Rows<64>{});
+          else
+            attend(s, Rows<128>{});
         }
         S.ored[head][part][d] = acc;
         if (warp < 2 && lane == 0) {
@@ -850,8 +864,8 @@ std::string decode_layers_unsupported(const DecodeLayersShape& s) {
 std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o, int64_t blocks) {
   char buf[256];
   const int64_t a_blocks = s.kv_heads * kCluster, pairs = s.intermediate / 8, a_pairs = o.a_tasks / 2 * a_blocks;
-  if (o.kv_rows != 64 && o.kv_rows != 128) {
-    std::snprintf(buf, sizeof buf, "kv_rows %d (a stage of cached rows is 64 or 128 rows)", o.kv_rows);
+  if (o.kv_rows != 0 && o.kv_rows != 64 && o.kv_rows != 128) {
+    std::snprintf(buf, sizeof buf, "kv_rows %d (a stage of cached rows is 64 or 128 rows; 0: by position)", o.kv_rows);
     return buf;
   }
   if (o.counted_rows < 0 || o.counted_rows > 2) {

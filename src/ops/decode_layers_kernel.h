@@ -79,7 +79,8 @@ struct DecodeLayersKernelOptions {
   // ring's depth): nothing is released after them but the head's own end.
   int head_inflight = 2;
   // Cached rows a block's attention stage takes (64: keys and values in one ring slot; 128: two
-  // slots, half the stages, so a block's share of positions 513-1024 is one stage, not two).
+  // slots, half the stages, so a block's share of positions 513-1024 is one stage, not two; 0: by
+  // position, 64 up to position 512 and 128 past it, both compiled in).
   int kv_rows = 64;
   // How a phase hands its output row to the next. 0: each block adds its part with float atomics,
   // then arrives on a counter (a release, which waits for the block's copies in flight); the
