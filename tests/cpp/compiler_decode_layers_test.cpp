@@ -58,7 +58,7 @@ TEST(DecodeLayersKernel, CompilesForSm90InBf16AndFp16WithOrWithoutTheHeadAndEmbe
 
 TEST(DecodeLayersKernel, BothAttentionStageSizesCompile) {
   // The default's other kv_rows (64: keys and values share a ring slot; 128: a slot each).
-  for (int rows : {64, 128}) {
+  for (int rows : {64, 128, 0}) {  // 0: by position, both stage bodies compiled
     DecodeLayersKernelOptions o;
     o.kv_rows = rows;
     DecodeLayersShape s = bench_shape();
@@ -141,7 +141,7 @@ TEST(DecodeLayersKernel, GridsThatCannotSplitTheWorkAreRefused) {
   EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("an even number"), std::string::npos);
   o.a_tasks = 8;
   o.kv_rows = 96;
-  EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("kv_rows 96 (a stage of cached rows is 64 or 128 rows)"), std::string::npos);
+  EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("kv_rows 96 (a stage of cached rows is 64 or 128 rows; 0: by position)"), std::string::npos);
   o.kv_rows = 64;
   o.head_inflight = -1;
   EXPECT_NE(decode_layers_grid_unfit(s, o, 120).find("head_inflight -1"), std::string::npos);
