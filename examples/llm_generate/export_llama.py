@@ -67,10 +67,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--persistent-decode", action="store_true",
                    help="the decode layers as one persistent kernel (kiln.compile's persistent_decode; "
                         "needs --target-sms of sm_90 or newer only)")
+    p.add_argument("--decode-options", default="",
+                   help="with --persistent-decode: the kernel's tuning options as name=value,... "
+                        "(kiln.compile's persistent_decode_options, e.g. counted_rows=1,kv_rows=0)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.prompt_len < 1 or args.new_tokens < 1:
         p.error("--prompt-len and --new-tokens must be >= 1")
+    try:
+        args.decode_options = {name: int(value) for name, value in
+                               (item.split("=", 1) for item in args.decode_options.split(",") if item)}
+    except ValueError:
+        p.error(f"--decode-options: expected name=int,... got {args.decode_options!r}")
+    if args.decode_options and not args.persistent_decode:
+        p.error("--decode-options needs --persistent-decode")
     if args.max_len is None:
         args.max_len = (args.prompt_len + args.new_tokens + 63) // 64 * 64
     if args.prefill_max is not None and args.prefill_max < 2:
@@ -118,7 +128,7 @@ def main(argv=None) -> None:
     compiled = kiln.compile(
         programs, target_sms=[int(s) for s in args.target_sms.split(",")],
         use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches,
-        persistent_decode=args.persistent_decode, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
+        persistent_decode=args.persistent_decode, persistent_decode_options=args.decode_options or None, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
         shape_buckets=prefill_sizes, constant_methods=constants)
     if compiled.summary.ops_on_cpu:
         raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")

@@ -9,7 +9,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from executorch.exir import (
@@ -280,6 +280,7 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
     overlap_launches: bool = True,
     shape_buckets: Sequence[int] | None = None,
     persistent_decode: bool = False,
+    persistent_decode_options: Mapping[str, int] | None = None,
 ) -> CompiledProgram:
     """Partitions `exported_program` and compiles the supported subgraphs into
     Kiln engines (no GPU needed); the rest stays on ExecuTorch CPU kernels.
@@ -328,6 +329,18 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         co-resident (the load says so otherwise). What it cannot fold keeps
         the usual plan, with the reason in the progress log. Default False
         (docs/design_llm.md).
+      persistent_decode_options: with persistent_decode=True, the kernel's
+        tuning options by name (ints; the rest keep their measured
+        defaults): a_tasks (the MLP tasks of a block with attention work,
+        even, 2-16), counted_rows (0: arrival counters after each phase;
+        1: the rows count their own contributions, no arrivals; 2: as 1,
+        one thread polling first), kv_rows (the attention's cached rows a
+        stage: 64, 128, or 0 by position), max_inflight / release_inflight
+        / head_inflight (the weight stream's copies in flight a block:
+        throughout / before the previous phase's arrival / for the
+        lm_head), stages (the shared-memory ring's 16 KB stages, 4-13).
+        Unknown names and values out of range are errors; the engine's
+        metadata records the values used (kiln inspect).
       debug_dir: when given, the IR after every compiler pass is written to
         <debug_dir>/partition_<i>/<NN>_<pass>.txt (see docs/user_guide.md).
       model_id: names this model in its weights' keys in the program's named
@@ -349,13 +362,14 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
                       target_sms, use_cuda_graphs, conv_gemm=conv_gemm, depthwise_kernels=depthwise_kernels,
                       debug_dir=debug_dir, model_id=model_id, constant_methods=constant_methods,
                       gemv_kernels=gemv_kernels, overlap_launches=overlap_launches,
-                      shape_buckets=shape_buckets, persistent_decode=persistent_decode)
+                      shape_buckets=shape_buckets, persistent_decode=persistent_decode,
+                      persistent_decode_options=persistent_decode_options)
 
 
 def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, min_block_size, target_sms,
                use_cuda_graphs, conv_gemm="all", depthwise_kernels=True, debug_dir=None,
                model_id=None, constant_methods=None, gemv_kernels=True, overlap_launches=True,
-               shape_buckets=None, persistent_decode=False) -> CompiledProgram:
+               shape_buckets=None, persistent_decode=False, persistent_decode_options=None) -> CompiledProgram:
     """kiln.compile's body; `caller` names the public function in errors."""
     programs, given_dict = check_programs(exported_program, caller)
     constant_methods = check_constant_methods(caller, constant_methods, programs)
@@ -375,6 +389,7 @@ def compile_as(caller: str, exported_program, arg_inputs, enabled_precisions, mi
         gemv_kernels=gemv_kernels,
         overlap_launches=overlap_launches,
         persistent_decode=persistent_decode,
+        persistent_decode_options=persistent_decode_options,
         debug_dir=debug_dir,
         weights_prefix=_weights.key_prefix(model_id),
         shape_buckets=shape_buckets,
@@ -553,6 +568,7 @@ def _save(compiled: CompiledProgram, path, use_cuda_graphs, backend_config, ptd_
             gemv_kernels=compiled.options.gemv_kernels,
             overlap_launches=compiled.options.overlap_launches,
             persistent_decode=compiled.options.persistent_decode,
+            persistent_decode_options=dict(compiled.options.persistent_decode_options),
             debug_dir=compiled.options.debug_dir,
             weights_prefix=compiled.options.weights_prefix,
             shape_buckets=compiled.options.shape_buckets,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -25,6 +25,10 @@ PRECISIONS: dict[torch.dtype, str] = {
 _PRECISION_BY_NAME = {name: dtype for dtype, name in PRECISIONS.items()}
 
 CONV_GEMM_MODES = ("all", "unstrided", "none")
+# The persistent decode kernel's tuning options (ops/decode_layers_kernel.h), all ints; the
+# compiler checks their values.
+PERSISTENT_DECODE_OPTIONS = ("a_tasks", "counted_rows", "head_inflight", "kv_rows", "max_inflight",
+                             "release_inflight", "stages")
 
 # NVRTC in CUDA 13 (what the compiler links) builds for sm_75 and newer.
 MIN_SM = 75
@@ -83,6 +87,9 @@ class KilnOptions:
     # A language model's decode layers as one persistent kernel (sm_90+
     # targets only; passes/fold_decode_layers.cpp); off by default.
     persistent_decode: bool = False
+    # Its kernel's tuning options, (name, value) sorted by name
+    # (PERSISTENT_DECODE_OPTIONS; () = the defaults).
+    persistent_decode_options: tuple[tuple[str, int], ...] = ()
     # A folder for the IR after each compiler pass ("" = none); each
     # partition gets a subfolder. Not stored in the .pte.
     debug_dir: str = ""
@@ -110,7 +117,10 @@ class KilnOptions:
             CompileSpec("depthwise_kernels", b"1" if self.depthwise_kernels else b"0"),
             CompileSpec("gemv_kernels", b"1" if self.gemv_kernels else b"0"),
             CompileSpec("overlap_launches", b"1" if self.overlap_launches else b"0"),
-        ] + ([CompileSpec("persistent_decode", b"1")] if self.persistent_decode else []) + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else []) + ([CompileSpec("shape_buckets", ",".join(map(str, self.shape_buckets)).encode())] if self.shape_buckets else [])
+        ] + ([CompileSpec("persistent_decode", b"1")] if self.persistent_decode else []) + (
+            [CompileSpec("persistent_decode_options",
+                         ",".join(f"{k}={v}" for k, v in self.persistent_decode_options).encode())]
+            if self.persistent_decode_options else []) + ([CompileSpec("debug_dir", self.debug_dir.encode("utf-8"))] if self.debug_dir else []) + ([CompileSpec("target_device", self.target_device.encode())] if self.target_device else []) + ([CompileSpec("weights_prefix", self.weights_prefix.encode())] if self.weights_prefix else []) + ([CompileSpec("shape_buckets", ",".join(map(str, self.shape_buckets)).encode())] if self.shape_buckets else [])
 
     @staticmethod
     def from_compile_specs(specs: Iterable[CompileSpec]) -> "KilnOptions":
@@ -143,6 +153,9 @@ class KilnOptions:
                 values["overlap_launches"] = text == "1"
             elif spec.key == "persistent_decode":
                 values["persistent_decode"] = text == "1"
+            elif spec.key == "persistent_decode_options":
+                values["persistent_decode_options"] = {
+                    k: int(v) for k, v in (item.split("=", 1) for item in text.split(",") if item)}
             elif spec.key == "debug_dir":
                 values["debug_dir"] = text
             elif spec.key == "weights_prefix":
@@ -166,6 +179,7 @@ class KilnOptions:
             gemv_kernels=values.get("gemv_kernels", True),
             overlap_launches=values.get("overlap_launches", True),
             persistent_decode=values.get("persistent_decode", False),
+            persistent_decode_options=values.get("persistent_decode_options"),
             debug_dir=values.get("debug_dir", ""),
             weights_prefix=values.get("weights_prefix", ""),
             shape_buckets=values.get("shape_buckets", None),
@@ -215,6 +229,7 @@ def validate_options(
     overlap_launches: Any = True,
     shape_buckets: Any = None,
     persistent_decode: Any = False,
+    persistent_decode_options: Any = None,
 ) -> KilnOptions:
     """Checks every option and returns them normalized; raises TypeError or
     ValueError naming the argument.
@@ -298,6 +313,20 @@ def validate_options(
         raise TypeError(f"overlap_launches: expected a bool, got {type(overlap_launches).__name__}")
     if not isinstance(persistent_decode, bool):
         raise TypeError(f"persistent_decode: expected a bool, got {type(persistent_decode).__name__}")
+    decode_options: tuple[tuple[str, int], ...] = ()
+    if persistent_decode_options is not None:
+        if not isinstance(persistent_decode_options, Mapping):
+            raise TypeError(f"persistent_decode_options: expected a dict of option name -> int, "
+                            f"got {type(persistent_decode_options).__name__}")
+        if persistent_decode_options and not persistent_decode:
+            raise ValueError("persistent_decode_options: they tune the persistent kernel, which needs persistent_decode=True")
+        for name, value in persistent_decode_options.items():
+            if name not in PERSISTENT_DECODE_OPTIONS:
+                raise ValueError(f"persistent_decode_options: unknown option {name!r}; the options are "
+                                 f"{', '.join(PERSISTENT_DECODE_OPTIONS)}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"persistent_decode_options: {name!r} takes an int, got {type(value).__name__} {value!r}")
+        decode_options = tuple(sorted(persistent_decode_options.items()))
     if debug_dir is None:
         debug_dir = ""
     if not isinstance(debug_dir, (str, os.PathLike)):
@@ -324,6 +353,7 @@ def validate_options(
         gemv_kernels=gemv_kernels,
         overlap_launches=overlap_launches,
         persistent_decode=persistent_decode,
+        persistent_decode_options=decode_options,
         debug_dir=debug_dir,
         weights_prefix=weights_prefix,
         shape_buckets=tuple(sorted(set(shape_buckets))),

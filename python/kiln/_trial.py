@@ -208,7 +208,7 @@ def fallback_compiler(options, progress: Optional[Callable[[str], None]] = None)
     fit); None otherwise."""
     if not options.persistent_decode:
         return None
-    return engine_compiler(dataclasses.replace(options, persistent_decode=False), progress)
+    return engine_compiler(dataclasses.replace(options, persistent_decode=False, persistent_decode_options=()), progress)
 
 
 def _native_compile(built, options, progress, name_weights="", return_weights=False):
@@ -225,6 +225,7 @@ def _native_compile(built, options, progress, name_weights="", return_weights=Fa
         gemv_kernels=options.gemv_kernels,
         overlap_launches=options.overlap_launches,
         persistent_decode=options.persistent_decode,
+        persistent_decode_options=dict(options.persistent_decode_options),
         debug_dir=_compile_debug_dir(options.debug_dir),
         name_weights=name_weights,
         return_weights=return_weights,

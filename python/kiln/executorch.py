@@ -5,7 +5,7 @@ EdgeProgramManager; the caller runs ``.to_executorch()`` and writes the .pte
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from executorch.exir import EdgeProgramManager
@@ -30,6 +30,7 @@ def export(
     overlap_launches: bool = True,
     shape_buckets: Sequence[int] | None = None,
     persistent_decode: bool = False,
+    persistent_decode_options: Mapping[str, int] | None = None,
 ) -> EdgeProgramManager:
     """Lowers `exported_program` (one ExportedProgram, or a dict method name
     -> ExportedProgram for a multi-method program) with KilnPartitioner; same
@@ -41,4 +42,5 @@ def export(
                       depthwise_kernels=depthwise_kernels, debug_dir=debug_dir,
                       model_id=model_id, constant_methods=constant_methods,
                       gemv_kernels=gemv_kernels, overlap_launches=overlap_launches,
-                      shape_buckets=shape_buckets, persistent_decode=persistent_decode).edge_program_manager
+                      shape_buckets=shape_buckets, persistent_decode=persistent_decode,
+                      persistent_decode_options=persistent_decode_options).edge_program_manager

@@ -104,7 +104,10 @@ class Lowering final : public ops::LowerContext {
     desc_.metadata.emplace_back("conv_gemm", ops::conv_gemm_name(options.op_options.conv_gemm));
     desc_.metadata.emplace_back("depthwise_kernels", options.op_options.depthwise_kernels ? "true" : "false");
     desc_.metadata.emplace_back("gemv_kernels", options.op_options.gemv_kernels ? "true" : "false");
-    if (options.op_options.persistent_decode) desc_.metadata.emplace_back("persistent_decode", "true");
+    if (options.op_options.persistent_decode) {
+      desc_.metadata.emplace_back("persistent_decode", "true");
+      desc_.metadata.emplace_back("persistent_decode_options", ops::decode_layers_options_text(options.op_options.decode_layers));
+    }
     // Read by the runtime: launch the sm_90+ cubins' kernels programmatically.
     desc_.metadata.emplace_back("overlap_launches", options.overlap_launches ? "true" : "false");
     if (options.use_cuda_graphs >= 0)

@@ -63,9 +63,18 @@ std::string decode_layers_unsupported(const DecodeLayersShape& s) {
   return "";
 }
 
-std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o, int64_t blocks) {
+std::string decode_layers_options_invalid(const DecodeLayersKernelOptions& o) {
   char buf[256];
-  const int64_t a_blocks = s.kv_heads * kCluster, pairs = s.intermediate / 8, a_pairs = o.a_tasks / 2 * a_blocks;
+  const int64_t most_stages = (227 * 1024 - kStateBytes) / kStageBytes;  // sm_90's shared memory a block
+  if (o.stages < 4 || o.stages > most_stages) {  // q|k|v peeks four stages at once
+    std::snprintf(buf, sizeof buf, "stages %d (the ring's 16 KB stages: 4 to %lld)", o.stages, static_cast<long long>(most_stages));
+    return buf;
+  }
+  if (o.max_inflight < 0 || o.release_inflight < -1) {
+    std::snprintf(buf, sizeof buf, "max_inflight %d, release_inflight %d (copies in flight: max_inflight 0 for the ring's "
+                  "depth or more; release_inflight -1 for none, or 0 or more)", o.max_inflight, o.release_inflight);
+    return buf;
+  }
   if (o.kv_rows != 0 && o.kv_rows != 64 && o.kv_rows != 128) {
     std::snprintf(buf, sizeof buf, "kv_rows %d (a stage of cached rows is 64 or 128 rows; 0: by position)", o.kv_rows);
     return buf;
@@ -83,6 +92,50 @@ std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLay
                   static_cast<long long>(kMaxTasks));
     return buf;
   }
+  return "";
+}
+
+namespace {
+struct OptionField {
+  const char* name;
+  int DecodeLayersKernelOptions::*field;
+};
+constexpr OptionField kOptionFields[] = {
+    {"stages", &DecodeLayersKernelOptions::stages},
+    {"a_tasks", &DecodeLayersKernelOptions::a_tasks},
+    {"max_inflight", &DecodeLayersKernelOptions::max_inflight},
+    {"release_inflight", &DecodeLayersKernelOptions::release_inflight},
+    {"head_inflight", &DecodeLayersKernelOptions::head_inflight},
+    {"kv_rows", &DecodeLayersKernelOptions::kv_rows},
+    {"counted_rows", &DecodeLayersKernelOptions::counted_rows},
+};
+}  // namespace
+
+std::string decode_layers_options_text(const DecodeLayersKernelOptions& o) {
+  std::string text;
+  for (const OptionField& f : kOptionFields)
+    text += (text.empty() ? "" : ",") + std::string(f.name) + "=" + std::to_string(o.*f.field);
+  return text;
+}
+
+std::string set_decode_layers_option(DecodeLayersKernelOptions& o, const std::string& name, int64_t value) {
+  std::string known;
+  for (const OptionField& f : kOptionFields) {
+    if (name == f.name) {
+      if (value < -(int64_t{1} << 20) || value > (int64_t{1} << 20)) return name + ": " + std::to_string(value) + " is out of range";
+      o.*f.field = static_cast<int>(value);
+      return "";
+    }
+    known += (known.empty() ? "" : ", ") + std::string(f.name);
+  }
+  return "unknown persistent_decode option '" + name + "' (the options: " + known + ")";
+}
+
+std::string decode_layers_grid_unfit(const DecodeLayersShape& s, const DecodeLayersKernelOptions& o, int64_t blocks) {
+  char buf[256];
+  const int64_t a_blocks = s.kv_heads * kCluster, pairs = s.intermediate / 8, a_pairs = o.a_tasks / 2 * a_blocks;
+  const std::string invalid = decode_layers_options_invalid(o);
+  if (!invalid.empty()) return invalid;
   if (blocks % kCluster != 0 || blocks < a_blocks) {
     std::snprintf(buf, sizeof buf, "%lld blocks: the kernel needs whole clusters of 8 and at least %lld (a cluster a kv head)",
                   static_cast<long long>(blocks), static_cast<long long>(a_blocks));

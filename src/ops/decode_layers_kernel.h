@@ -96,6 +96,16 @@ struct DecodeLayersKernelOptions {
   int compute = 1;
 };
 
+// The options a user may set (kiln.compile(persistent_decode={name: value})): stages, a_tasks,
+// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows. Sets `name` to `value`, or
+// returns why not (an unknown name, listing the known ones). trace and compute are the
+// micro-benchmark's, not an engine's.
+std::string set_decode_layers_option(DecodeLayersKernelOptions& options, const std::string& name, int64_t value);
+// "stages=13,a_tasks=8,...": every user-settable option, for the engine's metadata.
+std::string decode_layers_options_text(const DecodeLayersKernelOptions& options);
+// Why the options cannot build a kernel whatever the grid (a value out of its range), or "".
+std::string decode_layers_options_invalid(const DecodeLayersKernelOptions& options);
+
 // Why a launch of `blocks` blocks cannot run the kernel (the MLP tasks do not split among them,
 // not whole clusters, fewer than a cluster a kv head), or "" when it can. The blocks must also
 // all be co-resident: the caller checks that against the GPU.

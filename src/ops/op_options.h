@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "ops/decode_layers_kernel.h"
+
 namespace kiln::ops {
 
 struct OpOptions {
@@ -35,6 +37,9 @@ struct OpOptions {
   // Needs every target SM to be sm_90 or newer; off by default until it has run on the GPU in
   // the generation example.
   bool persistent_decode = false;
+  // kiln.compile(persistent_decode={...}): the persistent kernel's tuning options (set through
+  // set_decode_layers_option; the defaults are the ones measured best).
+  DecodeLayersKernelOptions decode_layers;
 };
 
 const char* conv_gemm_name(OpOptions::ConvGemm mode);  // "all", "unstrided", "none"

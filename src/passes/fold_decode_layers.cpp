@@ -381,6 +381,7 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
   if (layers.empty()) return not_folded(stopped);
   size_t end = j;  // the folded steps are [start, end)
   DecodeLayersPlan dl;
+  dl.kernel = options.decode_layers;
   dl.shape = m.shape_;
   dl.shape.layers = static_cast<int64_t>(layers.size());
   dl.shape.eps = first.norm_eps;

@@ -86,7 +86,7 @@ nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, 
                       nb::object progress, const std::string& conv_gemm, bool depthwise_kernels,
                       const std::string& debug_dir, bool gemv_kernels, std::vector<uint32_t> cubin_sms,
                       bool overlap_launches, const std::string& name_weights, bool return_weights,
-                      bool persistent_decode) {
+                      bool persistent_decode, const std::map<std::string, int64_t>& persistent_decode_options) {
   if (return_weights && name_weights.empty())
     throw nb::value_error("compile: return_weights needs name_weights (a key prefix)");
   if (use_cuda_graphs < -1 || use_cuda_graphs > 1)
@@ -103,6 +103,14 @@ nb::object py_compile(const ir::Graph& graph, std::vector<uint32_t> target_sms, 
   options.op_options.depthwise_kernels = depthwise_kernels;
   options.op_options.gemv_kernels = gemv_kernels;
   options.op_options.persistent_decode = persistent_decode;
+  if (!persistent_decode_options.empty() && !persistent_decode)
+    throw nb::value_error("compile: persistent_decode_options need persistent_decode=True");
+  for (const auto& [name, value] : persistent_decode_options) {
+    const std::string why = ops::set_decode_layers_option(options.op_options.decode_layers, name, value);
+    if (!why.empty()) throw nb::value_error(("persistent_decode: " + why).c_str());
+  }
+  const std::string invalid = ops::decode_layers_options_invalid(options.op_options.decode_layers);
+  if (!invalid.empty()) throw nb::value_error(("persistent_decode: " + invalid).c_str());
   options.overlap_launches = overlap_launches;
   options.debug_dir = debug_dir;
   options.weights_named_as = name_weights;
@@ -228,11 +236,13 @@ NB_MODULE(_kiln_compiler, m) {
         "depthwise_kernels"_a = true, "debug_dir"_a = "", "gemv_kernels"_a = true,
         "cubin_sms"_a = std::vector<uint32_t>{}, "overlap_launches"_a = true, "name_weights"_a = "",
         "return_weights"_a = false, "persistent_decode"_a = false,
+        "persistent_decode_options"_a = std::map<std::string, int64_t>{},
         "Compiles a Graph into serialized engine bytes. Raises CompileError.\n"
         "cubin_sms: the SMs that get a cubin (empty: each of target_sms).\n"
         "name_weights: a key prefix: the weights are named with it and left out of the engine.\n"
         "return_weights (with name_weights): returns (engine bytes, [(key, tensor name, weight bytes)]),\n"
-        "the weights left out, as externalize_weights gives them.");
+        "the weights left out, as externalize_weights gives them.\n"
+        "persistent_decode_options (with persistent_decode): the persistent kernel's tuning options by name.");
   m.def(
       "nvrtc_cache_stats",
       [] {

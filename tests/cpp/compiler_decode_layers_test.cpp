@@ -95,6 +95,25 @@ TEST(DecodeLayersKernel, CountedRowsCompileAndGrowTheSyncArea) {
   EXPECT_NE(decode_layers_grid_unfit(bench_shape(), bad, 128).find("counted_rows 3"), std::string::npos);
 }
 
+TEST(DecodeLayersKernel, OptionsAreSetByNameAndChecked) {
+  DecodeLayersKernelOptions o;
+  EXPECT_EQ(set_decode_layers_option(o, "counted_rows", 2), "");
+  EXPECT_EQ(set_decode_layers_option(o, "kv_rows", 0), "");
+  EXPECT_EQ(o.counted_rows, 2);
+  EXPECT_EQ(o.kv_rows, 0);
+  EXPECT_EQ(decode_layers_options_text(o),
+            "stages=13,a_tasks=8,max_inflight=2,release_inflight=1,head_inflight=2,kv_rows=0,counted_rows=2");
+  EXPECT_EQ(decode_layers_options_invalid(o), "");
+  // trace and compute are the micro-benchmark's: not settable by name
+  EXPECT_NE(set_decode_layers_option(o, "trace", 1).find("unknown persistent_decode option 'trace' (the options: stages, a_tasks"),
+            std::string::npos);
+  EXPECT_EQ(set_decode_layers_option(o, "stages", 3), "");
+  EXPECT_EQ(decode_layers_options_invalid(o), "stages 3 (the ring's 16 KB stages: 4 to 13)");
+  o.stages = 13;
+  o.release_inflight = -2;
+  EXPECT_NE(decode_layers_options_invalid(o).find("release_inflight -2"), std::string::npos);
+}
+
 TEST(DecodeLayersKernel, TraceAddsItsParameter) {
   DecodeLayersKernelOptions o;
   o.trace = true;

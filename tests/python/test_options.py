@@ -111,6 +111,18 @@ def test_options_normalize_and_round_trip_through_compile_specs():
     assert KilnOptions.from_compile_specs(options.to_compile_specs()) == options
 
 
+def test_persistent_decode_options_round_trip_through_compile_specs():
+    options = validate_options(target_sms=[90], persistent_decode=True,
+                               persistent_decode_options={"kv_rows": 0, "counted_rows": 2})
+    assert options.persistent_decode_options == (("counted_rows", 2), ("kv_rows", 0))
+    specs = {s.key: s.value for s in options.to_compile_specs()}
+    assert specs["persistent_decode_options"] == b"counted_rows=2,kv_rows=0"
+    assert KilnOptions.from_compile_specs(options.to_compile_specs()) == options
+    plain = validate_options(target_sms=[90], persistent_decode=True)
+    assert "persistent_decode_options" not in {s.key for s in plain.to_compile_specs()}
+    assert KilnOptions.from_compile_specs(plain.to_compile_specs()) == plain
+
+
 def test_default_options():
     options = validate_options()
     assert options == KilnOptions()

@@ -6,6 +6,7 @@ the usual plan with the reason in the export log. The step's numerics are checke
 (benchmarks/micro/decode_layers_persistent.cu runs its source; the generation example its engine)."""
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -144,6 +145,36 @@ def test_what_it_cannot_take_keeps_the_usual_plan(case, capsys):
 
 
 def test_option_is_checked():
+    program = decode_program(LlamaSize(64, 128, 1, 4, 2, 64), torch.float32)
     with pytest.raises(TypeError, match="persistent_decode: expected a bool"):
-        kiln.compile({"decode": decode_program(LlamaSize(64, 128, 1, 4, 2, 64), torch.float32)},
-                     persistent_decode="yes")
+        kiln.compile({"decode": program}, persistent_decode="yes")
+    with pytest.raises(ValueError, match="persistent_decode_options: unknown option 'kv_row'; the options are a_tasks"):
+        kiln.compile({"decode": program}, persistent_decode=True, persistent_decode_options={"kv_row": 128})
+    with pytest.raises(TypeError, match="persistent_decode_options: 'kv_rows' takes an int, got str '128'"):
+        kiln.compile({"decode": program}, persistent_decode=True, persistent_decode_options={"kv_rows": "128"})
+    with pytest.raises(ValueError, match="which needs persistent_decode=True"):
+        kiln.compile({"decode": program}, persistent_decode_options={"kv_rows": 128})
+
+
+# The kernel's tuning options by name reach the engine (its metadata, and the sync area that
+# counted rows need); values the kernel cannot take are refused naming the option and its range.
+def test_kernel_options_reach_the_engine(bench_decode, tmp_path, capsys):
+    options = {"counted_rows": 1, "kv_rows": 0, "a_tasks": 10}
+    compiled, lines = compile_decode(bench_decode, capsys, target_sms=[90], persistent_decode=True,
+                                     persistent_decode_options=options)
+    assert len(lines) == 1 and "are one persistent kernel" in lines[0], lines
+    pte = tmp_path / "decode.pte"
+    kiln.save(compiled, pte)
+    engine, fallback = inspect_pte(pte)["engines"]
+    recorded = dict(item.split("=") for item in dict(engine["metadata"])["persistent_decode_options"].split(","))
+    assert {k: int(recorded[k]) for k in options} == options
+    assert int(recorded["stages"]) == 13  # the others keep their defaults
+    assert "persistent_decode_options" not in dict(fallback["metadata"])
+    (sync,) = [t for t in engine["tensors"] if t["name"].endswith("/decode_layers_sync")]
+    # counters, epoch and the fp32 rows; the head's key and the overflow flag; two sets of counted rows
+    assert sync["nbytes"] == 16 + 16 * 1024 + 32 + 2 * (2 * LAYERS) * 1024 * 8
+    for bad, says in [({"kv_rows": 96}, "kv_rows 96 (a stage of cached rows is 64 or 128 rows; 0: by position)"),
+                      ({"stages": 20}, "stages 20 (the ring's 16 KB stages: 4 to 13)"),
+                      ({"a_tasks": 7}, "a phase-A block's MLP tasks are 7 (an even number, 2 to 16)")]:
+        with pytest.raises(ValueError, match=re.escape("persistent_decode: " + says)):
+            kiln.compile({"decode": bench_decode}, target_sms=[90], persistent_decode=True, persistent_decode_options=bad)
