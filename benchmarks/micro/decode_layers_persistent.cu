@@ -226,17 +226,22 @@ int main(int argc, char** argv) {
   char what[96];
   std::snprintf(what, sizeof what, "%d copies in flight", base.max_inflight);
   bool ok = true;
+  // A direct launch of `k` at position P checked against the plain kernels (the fp32 row and the
+  // output rounded from it); a launch that does not finish is reported as a hang.
+  auto check_launch = [&](const Compiled& k, int P, const char* label) {
+    set_pos(P);
+    launch(k);
+    settle(stream, label);
+    m.reference(stream, k.layers, P);
+    CK(cudaStreamSynchronize(stream));
+    ok = m.check(fin, k.layers, P, label) && ok;
+    ok = out_matches() && ok;
+  };
   {
     const Compiled one = compile(1, base, sm);  // direct launches from a zeroed sync area
     for (const Compiled* k : {&one, &main_kernel}) {
       reset();
-      set_pos(kPos);
-      launch(*k);
-      settle(stream, "the first launch");
-      m.reference(stream, k->layers, kPos);
-      CK(cudaStreamSynchronize(stream));
-      ok = m.check(fin, k->layers, kPos, what) && ok;
-      ok = out_matches() && ok;
+      check_launch(*k, kPos, what);
     }
     CK(cudaLibraryUnload(one.library));
   }
@@ -288,12 +293,7 @@ int main(int argc, char** argv) {
     for (int P : {127, 128, 129, 512, 513, 640, 767}) {
       std::snprintf(what, sizeof what, "%d cached rows a stage", k->options.kv_rows);
       reset();
-      set_pos(P);
-      launch(*k);
-      m.reference(stream, kLayers, P);
-      CK(cudaStreamSynchronize(stream));
-      ok = m.check(fin, kLayers, P, what) && ok;
-      ok = out_matches() && ok;
+      check_launch(*k, P, what);
     }
   // How a phase hands its row to the next (counted_rows) with the copies in flight each allows:
   // checked at positions launched one after another (the epoch's parity picks the counted rows'
@@ -314,13 +314,7 @@ int main(int argc, char** argv) {
     reset();
     for (int P : {5, 64, 700, 129}) {
       std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks", h.counted, h.inflight, h.a_tasks);
-      set_pos(P);
-      launch(handoff_kernels.back());
-      settle(stream, what);
-      m.reference(stream, kLayers, P);
-      CK(cudaStreamSynchronize(stream));
-      ok = m.check(fin, kLayers, P, what) && ok;
-      ok = out_matches() && ok;
+      check_launch(handoff_kernels.back(), P, what);
     }
   }
   std::printf("%s\n", ok ? "numerics: ok" : "numerics: WRONG");
