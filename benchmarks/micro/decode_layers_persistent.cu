@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
   if (argc > 4) base.kv_rows = std::atoi(argv[4]);
   const int trace_pos = argc > 5 ? std::atoi(argv[5]) : kPos;  // where the trace is taken
   if (argc > 6) base.counted_rows = std::atoi(argv[6]);
+  if (argc > 7) base.l2_prefetch = std::atoi(argv[7]);
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -223,7 +224,7 @@ int main(int argc, char** argv) {
     if (bad) std::printf("output row: %d of %d elements are not the fp32 row rounded <-- WRONG\n", bad, kHidden);
     return bad == 0;
   };
-  char what[96];
+  char what[128];
   std::snprintf(what, sizeof what, "%d copies in flight", base.max_inflight);
   bool ok = true;
   // A direct launch of `k` at position P checked against the plain kernels (the fp32 row and the
@@ -300,20 +301,24 @@ int main(int argc, char** argv) {
   // set), then timed below.
   // The phase-A blocks' MLP share (a_tasks) too: without arrivals the balance between the blocks
   // with phase-A work and those without may move.
+  // And stages prefetched into L2 ahead of the ring (l2_prefetch), with which the DRAM reads need
+  // not be the copies in flight.
   struct Handoff {
-    int counted, inflight, release, a_tasks;
+    int counted, inflight, release, a_tasks, l2;
   };
-  const Handoff handoffs[] = {{0, 2, 1, 8},  {1, 2, 1, 8},  {2, 2, 1, 8},  {1, 2, 1, 10}, {2, 2, 1, 10},
-                              {1, 2, 1, 12}, {2, 2, 1, 12}, {2, 2, -1, 10}, {2, 3, 1, 10}, {0, 2, 1, 10}};
+  const Handoff handoffs[] = {{0, 2, 1, 8, 0},   {1, 2, 1, 8, 0},   {1, 2, 1, 10, 0},  {2, 2, 1, 10, 0},
+                              {1, 2, 1, 12, 0},  {0, 2, 1, 8, 16},  {1, 2, 1, 10, 8},  {1, 2, 1, 10, 16},
+                              {1, 2, 1, 10, 32}, {1, 3, 1, 10, 16}, {1, 2, -1, 10, 16}, {1, 4, 2, 10, 32}};
   std::vector<Compiled> handoff_kernels;
   for (const Handoff& h : handoffs) {
     DecodeLayersKernelOptions o = base;
     o.counted_rows = h.counted, o.max_inflight = h.inflight, o.release_inflight = h.release, o.a_tasks = h.a_tasks;
+    o.l2_prefetch = h.l2;
     if (!kiln::ops::decode_layers_grid_unfit(shape_of(kLayers), o, nblocks).empty()) continue;
     handoff_kernels.push_back(compile(kLayers, o, sm));
     reset();
     for (int P : {5, 64, 700, 129}) {
-      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks", h.counted, h.inflight, h.a_tasks);
+      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks, l2 %d", h.counted, h.inflight, h.a_tasks, h.l2);
       check_launch(handoff_kernels.back(), P, what);
     }
   }
@@ -343,6 +348,9 @@ int main(int argc, char** argv) {
     caps.push_back(v.x == base.max_inflight && v.y == base.release_inflight ? main_kernel : compile(kLayers, o, sm));
   }
   const Compiled stream_only = compile(kLayers, with(base.max_inflight, false, 2), sm);
+  DecodeLayersKernelOptions l2_stream = with(base.max_inflight, false, 2);
+  l2_stream.l2_prefetch = base.l2_prefetch ? 0 : 16;  // the stream with L2 prefetches if the base has none, else without
+  const Compiled stream_other = compile(kLayers, l2_stream, sm);
   auto report = [&](int round, const char* label, int P, float ms) {
     std::printf("round %d: %s, position %d: median %.4f ms, %.0f GB/s, %.1f%% of peak\n", round, label, P, ms,
                 bytes_at(P) / ms / 1e6, 100.0 * bytes_at(P) / ms / 1e-3 / peak);
@@ -351,8 +359,9 @@ int main(int argc, char** argv) {
     set_pos(kPos);
     for (const Compiled& k : handoff_kernels) {  // each hand-off with its copies in flight
       reset();
-      std::snprintf(what, sizeof what, "persistent, counted_rows %d, %d copies in flight, %d before the arrival, %d tasks",
-                    k.options.counted_rows, k.options.max_inflight, k.options.release_inflight, k.options.a_tasks);
+      std::snprintf(what, sizeof what, "persistent, counted_rows %d, %d copies in flight, %d before the arrival, %d tasks, l2 %d",
+                    k.options.counted_rows, k.options.max_inflight, k.options.release_inflight, k.options.a_tasks,
+                    k.options.l2_prefetch);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
     for (const Compiled& k : caps) {  // direct launches at each cap
@@ -373,7 +382,10 @@ int main(int argc, char** argv) {
       }
     }
     set_pos(kPos);
-    report(round, "the weight stream ALONE", kPos, median_ms(stream, [&] { launch(stream_only); }, 10, 100));
+    std::snprintf(what, sizeof what, "the weight stream ALONE, l2 %d", base.l2_prefetch);
+    report(round, what, kPos, median_ms(stream, [&] { launch(stream_only); }, 10, 100));
+    std::snprintf(what, sizeof what, "the weight stream ALONE, l2 %d", l2_stream.l2_prefetch);
+    report(round, what, kPos, median_ms(stream, [&] { launch(stream_other); }, 10, 100));
     reset();
     std::snprintf(what, sizeof what, "graph replay, %d copies in flight", base.max_inflight);
     for (int P : {128, kPos, 1024, 2047}) {

@@ -335,8 +335,10 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         even, 2-16), counted_rows (0: arrival counters after each phase;
         1: the rows count their own contributions, no arrivals; 2: as 1,
         one thread polling first), kv_rows (the attention's cached rows a
-        stage: 64, 128, or 0 by position), max_inflight / release_inflight
-        / head_inflight (the weight stream's copies in flight a block:
+        stage: 64, 128, or 0 by position), l2_prefetch (stages prefetched
+        into L2 ahead of the ring's copies, 0-64; 0 none), max_inflight /
+        release_inflight / head_inflight (the weight stream's copies in
+        flight a block:
         throughout / before the previous phase's arrival / for the
         lm_head), stages (the shared-memory ring's 16 KB stages, 4-13).
         Unknown names and values out of range are errors; the engine's

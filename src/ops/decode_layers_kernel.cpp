@@ -14,6 +14,9 @@ namespace {
 constexpr int64_t kStageBytes = kDecodeLayersStageBytes;
 constexpr int64_t kCluster = kDecodeLayersCluster;
 constexpr int64_t kMaxTasks = 16;  // a block's MLP tasks a layer (its S.h staging)
+// The most stages prefetched ahead: 64 x 16 KB a block is about 17 MB on 132 SMs, a third of an
+// H100's or H200's L2; more would evict lines before the ring copies them.
+constexpr int64_t kMaxL2Ahead = 64;
 
 // Bytes of the block's state beside the ring: the source's struct Smem (16.5 KB with 13 stages),
 // which a static_assert in the source holds to this.
@@ -83,6 +86,11 @@ std::string decode_layers_options_invalid(const DecodeLayersKernelOptions& o) {
     std::snprintf(buf, sizeof buf, "counted_rows %d (0: arrival counters; 1 or 2: counted rows)", o.counted_rows);
     return buf;
   }
+  if (o.l2_prefetch < 0 || o.l2_prefetch > kMaxL2Ahead) {
+    std::snprintf(buf, sizeof buf, "l2_prefetch %d (stages prefetched into L2 ahead of the ring: 0 for none, up to %lld)",
+                  o.l2_prefetch, static_cast<long long>(kMaxL2Ahead));
+    return buf;
+  }
   if (o.head_inflight < 0) {
     std::snprintf(buf, sizeof buf, "head_inflight %d (copies in flight: 0 for the ring's depth, or more)", o.head_inflight);
     return buf;
@@ -108,6 +116,7 @@ constexpr OptionField kOptionFields[] = {
     {"head_inflight", &DecodeLayersKernelOptions::head_inflight},
     {"kv_rows", &DecodeLayersKernelOptions::kv_rows},
     {"counted_rows", &DecodeLayersKernelOptions::counted_rows},
+    {"l2_prefetch", &DecodeLayersKernelOptions::l2_prefetch},
 };
 }  // namespace
 
@@ -193,6 +202,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@COUNTED@", std::to_string(o.counted_rows));
   replace_all(src, "@KV_ROWS@", std::to_string(o.kv_rows));
   replace_all(src, "@HEAD_INFLIGHT@", std::to_string(o.head_inflight));
+  replace_all(src, "@L2_AHEAD@", std::to_string(o.l2_prefetch));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));

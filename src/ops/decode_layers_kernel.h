@@ -91,13 +91,16 @@ struct DecodeLayersKernelOptions {
   // but one thread polls an element before the block's threads poll theirs. The sync area grows
   // by 4 * layers rows of 8-byte elements.
   int counted_rows = 0;
+  // Stages prefetched into L2 ahead of the ring's copies (cp.async.bulk.prefetch.L2; 0: none), so
+  // the DRAM reads run deeper than the copies in flight, which stay few (see max_inflight).
+  int l2_prefetch = 0;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
 };
 
 // The options a user may set (kiln.compile(persistent_decode={name: value})): stages, a_tasks,
-// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows. Sets `name` to `value`, or
+// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows, l2_prefetch. Sets `name` to `value`, or
 // returns why not (an unknown name, listing the known ones). trace and compute are the
 // micro-benchmark's, not an engine's.
 std::string set_decode_layers_option(DecodeLayersKernelOptions& options, const std::string& name, int64_t value);
