@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
   const int trace_pos = argc > 5 ? std::atoi(argv[5]) : kPos;  // where the trace is taken
   if (argc > 6) base.counted_rows = std::atoi(argv[6]);
   if (argc > 7) base.l2_prefetch = std::atoi(argv[7]);
+  if (argc > 8) base.warp_rotary = std::atoi(argv[8]);
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -302,23 +303,25 @@ int main(int argc, char** argv) {
   // The phase-A blocks' MLP share (a_tasks) too: without arrivals the balance between the blocks
   // with phase-A work and those without may move.
   // And stages prefetched into L2 ahead of the ring (l2_prefetch), with which the DRAM reads need
-  // not be the copies in flight.
+  // not be the copies in flight; and each warp rotating its own q|k|v pair (warp_rotary).
   struct Handoff {
-    int counted, inflight, release, a_tasks, l2;
+    int counted, inflight, release, a_tasks, l2, rotary;
   };
-  const Handoff handoffs[] = {{0, 2, 1, 8, 0},   {1, 2, 1, 8, 0},   {1, 2, 1, 10, 0},  {2, 2, 1, 10, 0},
-                              {1, 2, 1, 12, 0},  {0, 2, 1, 8, 16},  {1, 2, 1, 10, 8},  {1, 2, 1, 10, 16},
-                              {1, 2, 1, 10, 32}, {1, 3, 1, 10, 16}, {1, 2, -1, 10, 16}, {1, 4, 2, 10, 32}};
+  const Handoff handoffs[] = {{0, 2, 1, 8, 0, 0},   {1, 2, 1, 8, 0, 0},   {1, 2, 1, 10, 0, 0},  {2, 2, 1, 10, 0, 0},
+                              {1, 2, 1, 12, 0, 0},  {1, 2, 1, 10, 0, 1},  {0, 2, 1, 8, 16, 0},  {1, 2, 1, 10, 8, 0},
+                              {1, 2, 1, 10, 16, 0}, {1, 2, 1, 10, 32, 0}, {1, 3, 1, 10, 16, 0}, {1, 2, -1, 10, 16, 0},
+                              {1, 4, 2, 10, 32, 0}, {1, 2, 1, 10, 16, 1}};
   std::vector<Compiled> handoff_kernels;
   for (const Handoff& h : handoffs) {
     DecodeLayersKernelOptions o = base;
     o.counted_rows = h.counted, o.max_inflight = h.inflight, o.release_inflight = h.release, o.a_tasks = h.a_tasks;
-    o.l2_prefetch = h.l2;
+    o.l2_prefetch = h.l2, o.warp_rotary = h.rotary;
     if (!kiln::ops::decode_layers_grid_unfit(shape_of(kLayers), o, nblocks).empty()) continue;
     handoff_kernels.push_back(compile(kLayers, o, sm));
     reset();
     for (int P : {5, 64, 700, 129}) {
-      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks, l2 %d", h.counted, h.inflight, h.a_tasks, h.l2);
+      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks, l2 %d, warp_rotary %d", h.counted,
+                    h.inflight, h.a_tasks, h.l2, h.rotary);
       check_launch(handoff_kernels.back(), P, what);
     }
   }
@@ -359,9 +362,10 @@ int main(int argc, char** argv) {
     set_pos(kPos);
     for (const Compiled& k : handoff_kernels) {  // each hand-off with its copies in flight
       reset();
-      std::snprintf(what, sizeof what, "persistent, counted_rows %d, %d copies in flight, %d before the arrival, %d tasks, l2 %d",
+      std::snprintf(what, sizeof what,
+                    "persistent, counted_rows %d, %d copies in flight, %d before the arrival, %d tasks, l2 %d, warp_rotary %d",
                     k.options.counted_rows, k.options.max_inflight, k.options.release_inflight, k.options.a_tasks,
-                    k.options.l2_prefetch);
+                    k.options.l2_prefetch, k.options.warp_rotary);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
     for (const Compiled& k : caps) {  // direct launches at each cap

@@ -91,6 +91,11 @@ std::string decode_layers_options_invalid(const DecodeLayersKernelOptions& o) {
                   o.l2_prefetch, static_cast<long long>(kMaxL2Ahead));
     return buf;
   }
+  if (o.warp_rotary < 0 || o.warp_rotary > 1) {
+    std::snprintf(buf, sizeof buf, "warp_rotary %d (0: a block barrier before the rotary; 1: each warp rotates its own pair)",
+                  o.warp_rotary);
+    return buf;
+  }
   if (o.head_inflight < 0) {
     std::snprintf(buf, sizeof buf, "head_inflight %d (copies in flight: 0 for the ring's depth, or more)", o.head_inflight);
     return buf;
@@ -117,6 +122,7 @@ constexpr OptionField kOptionFields[] = {
     {"kv_rows", &DecodeLayersKernelOptions::kv_rows},
     {"counted_rows", &DecodeLayersKernelOptions::counted_rows},
     {"l2_prefetch", &DecodeLayersKernelOptions::l2_prefetch},
+    {"warp_rotary", &DecodeLayersKernelOptions::warp_rotary},
 };
 }  // namespace
 
@@ -203,6 +209,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@KV_ROWS@", std::to_string(o.kv_rows));
   replace_all(src, "@HEAD_INFLIGHT@", std::to_string(o.head_inflight));
   replace_all(src, "@L2_AHEAD@", std::to_string(o.l2_prefetch));
+  replace_all(src, "@WARP_ROTARY@", std::to_string(o.warp_rotary));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));

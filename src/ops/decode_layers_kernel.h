@@ -94,15 +94,20 @@ struct DecodeLayersKernelOptions {
   // Stages prefetched into L2 ahead of the ring's copies (cp.async.bulk.prefetch.L2; 0: none), so
   // the DRAM reads run deeper than the copies in flight, which stay few (see max_inflight).
   int l2_prefetch = 0;
+  // How phase A's q|k|v reach the rotary. 0: warp w computes column w of each of q, q, k, v, and
+  // after a block barrier 32 threads rotate (the partner column is another warp's) and push. 1:
+  // warp w computes a column and its partner (of both q heads, or of k and v), rotates them and
+  // pushes: one block barrier a layer fewer, the pushes spread over every warp.
+  int warp_rotary = 0;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
 };
 
 // The options a user may set (kiln.compile(persistent_decode={name: value})): stages, a_tasks,
-// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows, l2_prefetch. Sets `name` to `value`, or
-// returns why not (an unknown name, listing the known ones). trace and compute are the
-// micro-benchmark's, not an engine's.
+// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows, l2_prefetch, warp_rotary.
+// Sets `name` to `value`, or returns why not (an unknown name, listing the known ones). trace and
+// compute are the micro-benchmark's, not an engine's.
 std::string set_decode_layers_option(DecodeLayersKernelOptions& options, const std::string& name, int64_t value);
 // "stages=13,a_tasks=8,...": every user-settable option, for the engine's metadata.
 std::string decode_layers_options_text(const DecodeLayersKernelOptions& options);
