@@ -342,7 +342,9 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         throughout / before the previous phase's arrival / for the
         lm_head), stages (the shared-memory ring's 16 KB stages, 4-13),
         warp_rotary (1: each warp computes a q|k|v column and its rotary
-        partner and pushes them, no block barrier before the rotary).
+        partner and pushes them, no block barrier before the rotary),
+        warp_norm (1: each warp normalizes its share of a phase's row
+        itself, one block barrier a phase instead of three).
         Unknown names and values out of range are errors; the engine's
         metadata records the values used (kiln inspect).
       debug_dir: when given, the IR after every compiler pass is written to

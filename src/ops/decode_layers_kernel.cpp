@@ -96,6 +96,10 @@ std::string decode_layers_options_invalid(const DecodeLayersKernelOptions& o) {
                   o.warp_rotary);
     return buf;
   }
+  if (o.warp_norm < 0 || o.warp_norm > 1) {
+    std::snprintf(buf, sizeof buf, "warp_norm %d (0: the block normalizes the row; 1: each warp its own share)", o.warp_norm);
+    return buf;
+  }
   if (o.head_inflight < 0) {
     std::snprintf(buf, sizeof buf, "head_inflight %d (copies in flight: 0 for the ring's depth, or more)", o.head_inflight);
     return buf;
@@ -123,6 +127,7 @@ constexpr OptionField kOptionFields[] = {
     {"counted_rows", &DecodeLayersKernelOptions::counted_rows},
     {"l2_prefetch", &DecodeLayersKernelOptions::l2_prefetch},
     {"warp_rotary", &DecodeLayersKernelOptions::warp_rotary},
+    {"warp_norm", &DecodeLayersKernelOptions::warp_norm},
 };
 }  // namespace
 
@@ -210,6 +215,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@HEAD_INFLIGHT@", std::to_string(o.head_inflight));
   replace_all(src, "@L2_AHEAD@", std::to_string(o.l2_prefetch));
   replace_all(src, "@WARP_ROTARY@", std::to_string(o.warp_rotary));
+  replace_all(src, "@WARP_NORM@", std::to_string(o.warp_norm));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));

@@ -99,15 +99,20 @@ struct DecodeLayersKernelOptions {
   // warp w computes a column and its partner (of both q heads, or of k and v), rotates them and
   // pushes: one block barrier a layer fewer, the pushes spread over every warp.
   int warp_rotary = 0;
+  // How a phase normalizes its input row. 0: the block sums the squares (a block barrier), writes
+  // the normalized row to shared memory (another) and each warp loads its share. 1: after the raw
+  // row is in shared memory every warp sums the squares of the 32 elements each lane holds and
+  // normalizes them in its registers: one block barrier a phase instead of three.
+  int warp_norm = 0;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
 };
 
 // The options a user may set (kiln.compile(persistent_decode={name: value})): stages, a_tasks,
-// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows, l2_prefetch, warp_rotary.
-// Sets `name` to `value`, or returns why not (an unknown name, listing the known ones). trace and
-// compute are the micro-benchmark's, not an engine's.
+// max_inflight, release_inflight, head_inflight, kv_rows, counted_rows, l2_prefetch, warp_rotary,
+// warp_norm. Sets `name` to `value`, or returns why not (an unknown name, listing the known ones).
+// trace and compute are the micro-benchmark's, not an engine's.
 std::string set_decode_layers_option(DecodeLayersKernelOptions& options, const std::string& name, int64_t value);
 // "stages=13,a_tasks=8,...": every user-settable option, for the engine's metadata.
 std::string decode_layers_options_text(const DecodeLayersKernelOptions& options);
