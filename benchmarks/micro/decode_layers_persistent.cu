@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
   if (argc > 7) base.l2_prefetch = std::atoi(argv[7]);
   if (argc > 8) base.warp_rotary = std::atoi(argv[8]);
   if (argc > 9) base.warp_norm = std::atoi(argv[9]);
+  if (argc > 10) base.b_inflight = std::atoi(argv[10]);
   auto with = [&](int inflight, bool trace, int compute) {
     DecodeLayersKernelOptions o = base;
     o.max_inflight = inflight, o.trace = trace, o.compute = compute;
@@ -306,24 +307,25 @@ int main(int argc, char** argv) {
   // And stages prefetched into L2 ahead of the ring (l2_prefetch), with which the DRAM reads need
   // not be the copies in flight; and each warp rotating its own q|k|v pair (warp_rotary).
   struct Handoff {
-    int counted, inflight, release, a_tasks, l2, rotary, norm;
+    int counted, inflight, release, a_tasks, l2, rotary, norm, b_inflight = 0;
   };
   const Handoff handoffs[] = {
       {0, 2, 1, 8, 0, 0, 0},   {1, 2, 1, 8, 0, 0, 0},   {1, 2, 1, 10, 0, 0, 0},  {2, 2, 1, 10, 0, 0, 0},
       {1, 2, 1, 12, 0, 0, 0},  {1, 2, 1, 10, 0, 1, 0},  {1, 2, 1, 10, 0, 0, 1},  {1, 2, 1, 10, 0, 1, 1},
       {0, 2, 1, 8, 16, 0, 0},  {1, 2, 1, 10, 8, 0, 0},  {1, 2, 1, 10, 16, 0, 0}, {1, 2, 1, 10, 32, 0, 0},
-      {1, 3, 1, 10, 16, 0, 0}, {1, 2, -1, 10, 16, 0, 0}, {1, 4, 2, 10, 32, 0, 0}, {1, 2, 1, 10, 16, 1, 1}};
+      {1, 3, 1, 10, 16, 0, 0}, {1, 2, -1, 10, 16, 0, 0}, {1, 4, 2, 10, 32, 0, 0}, {1, 2, 1, 10, 16, 1, 1},
+      {1, 3, 1, 10, 0, 0, 0, 1}, {1, 4, 1, 10, 0, 0, 0, 1}, {1, 3, 1, 10, 16, 0, 0, 1}, {1, 4, 1, 10, 16, 1, 1, 1}};
   std::vector<Compiled> handoff_kernels;
   for (const Handoff& h : handoffs) {
     DecodeLayersKernelOptions o = base;
     o.counted_rows = h.counted, o.max_inflight = h.inflight, o.release_inflight = h.release, o.a_tasks = h.a_tasks;
-    o.l2_prefetch = h.l2, o.warp_rotary = h.rotary, o.warp_norm = h.norm;
+    o.l2_prefetch = h.l2, o.warp_rotary = h.rotary, o.warp_norm = h.norm, o.b_inflight = h.b_inflight;
     if (!kiln::ops::decode_layers_grid_unfit(shape_of(kLayers), o, nblocks).empty()) continue;
     handoff_kernels.push_back(compile(kLayers, o, sm));
     reset();
     for (int P : {5, 64, 700, 129}) {
-      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight, %d tasks, l2 %d, warp_rotary %d, warp_norm %d",
-                    h.counted, h.inflight, h.a_tasks, h.l2, h.rotary, h.norm);
+      std::snprintf(what, sizeof what, "counted_rows %d, %d in flight (b %d), %d tasks, l2 %d, warp_rotary %d, warp_norm %d",
+                    h.counted, h.inflight, h.b_inflight, h.a_tasks, h.l2, h.rotary, h.norm);
       check_launch(handoff_kernels.back(), P, what);
     }
   }
@@ -365,10 +367,10 @@ int main(int argc, char** argv) {
     for (const Compiled& k : handoff_kernels) {  // each hand-off with its copies in flight
       reset();
       std::snprintf(what, sizeof what,
-                    "persistent, counted_rows %d, %d copies in flight, %d before the arrival, %d tasks, l2 %d, warp_rotary %d, "
-                    "warp_norm %d",
-                    k.options.counted_rows, k.options.max_inflight, k.options.release_inflight, k.options.a_tasks,
-                    k.options.l2_prefetch, k.options.warp_rotary, k.options.warp_norm);
+                    "persistent, counted_rows %d, %d copies in flight (b %d), %d before the arrival, %d tasks, l2 %d, "
+                    "warp_rotary %d, warp_norm %d",
+                    k.options.counted_rows, k.options.max_inflight, k.options.b_inflight, k.options.release_inflight,
+                    k.options.a_tasks, k.options.l2_prefetch, k.options.warp_rotary, k.options.warp_norm);
       report(round, what, kPos, median_ms(stream, [&] { launch(k); }, 10, 100));
     }
     for (const Compiled& k : caps) {  // direct launches at each cap

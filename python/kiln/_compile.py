@@ -337,10 +337,10 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         one thread polling first), kv_rows (the attention's cached rows a
         stage: 64, 128, or 0 by position), l2_prefetch (stages prefetched
         into L2 ahead of the ring's copies, 0-64; 0 none), max_inflight /
-        release_inflight / head_inflight (the weight stream's copies in
-        flight a block:
-        throughout / before the previous phase's arrival / for the
-        lm_head), stages (the shared-memory ring's 16 KB stages, 4-13),
+        release_inflight / head_inflight / b_inflight (the weight
+        stream's copies in flight a block: throughout / before the
+        previous phase's arrival / for the lm_head / of a block without
+        attention work, 0 for max_inflight's), stages (the shared-memory ring's 16 KB stages, 4-13),
         warp_rotary (1: each warp computes a q|k|v column and its rotary
         partner and pushes them, no block barrier before the rotary),
         warp_norm (1: each warp normalizes its share of a phase's row

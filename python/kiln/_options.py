@@ -27,7 +27,7 @@ _PRECISION_BY_NAME = {name: dtype for dtype, name in PRECISIONS.items()}
 CONV_GEMM_MODES = ("all", "unstrided", "none")
 # The persistent decode kernel's tuning options (ops/decode_layers_kernel.h), all ints; the
 # compiler checks their values.
-PERSISTENT_DECODE_OPTIONS = ("a_tasks", "counted_rows", "head_inflight", "kv_rows", "l2_prefetch", "max_inflight",
+PERSISTENT_DECODE_OPTIONS = ("a_tasks", "b_inflight", "counted_rows", "head_inflight", "kv_rows", "l2_prefetch", "max_inflight",
                              "release_inflight", "stages", "warp_norm", "warp_rotary")
 
 # NVRTC in CUDA 13 (what the compiler links) builds for sm_75 and newer.

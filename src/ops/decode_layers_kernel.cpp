@@ -73,6 +73,11 @@ std::string decode_layers_options_invalid(const DecodeLayersKernelOptions& o) {
     std::snprintf(buf, sizeof buf, "stages %d (the ring's 16 KB stages: 4 to %lld)", o.stages, static_cast<long long>(most_stages));
     return buf;
   }
+  if (o.b_inflight < 0) {
+    std::snprintf(buf, sizeof buf, "b_inflight %d (copies in flight of a block without attention work: 0 for "
+                  "max_inflight's, or more)", o.b_inflight);
+    return buf;
+  }
   if (o.max_inflight < 0 || o.release_inflight < -1) {
     std::snprintf(buf, sizeof buf, "max_inflight %d, release_inflight %d (copies in flight: max_inflight 0 for the ring's "
                   "depth or more; release_inflight -1 for none, or 0 or more)", o.max_inflight, o.release_inflight);
@@ -128,6 +133,7 @@ constexpr OptionField kOptionFields[] = {
     {"l2_prefetch", &DecodeLayersKernelOptions::l2_prefetch},
     {"warp_rotary", &DecodeLayersKernelOptions::warp_rotary},
     {"warp_norm", &DecodeLayersKernelOptions::warp_norm},
+    {"b_inflight", &DecodeLayersKernelOptions::b_inflight},
 };
 }  // namespace
 
@@ -216,6 +222,7 @@ std::string decode_layers_kernel_source(const DecodeLayersShape& shape, const De
   replace_all(src, "@L2_AHEAD@", std::to_string(o.l2_prefetch));
   replace_all(src, "@WARP_ROTARY@", std::to_string(o.warp_rotary));
   replace_all(src, "@WARP_NORM@", std::to_string(o.warp_norm));
+  replace_all(src, "@B_INFLIGHT@", std::to_string(o.b_inflight));
   replace_all(src, "@VOCAB@", std::to_string(shape.vocab));
   replace_all(src, "@EMBED_ROWS@", std::to_string(shape.embed_rows));
   replace_all(src, "@HEAD_EPS@", float_literal(shape.vocab > 0 ? shape.head_eps : shape.eps));

@@ -104,6 +104,10 @@ struct DecodeLayersKernelOptions {
   // row is in shared memory every warp sums the squares of the 32 elements each lane holds and
   // normalizes them in its registers: one block barrier a phase instead of three.
   int warp_norm = 0;
+  // > 0: the copies in flight at most of a block without phase-A work (its stages are the MLP's,
+  // needed only after phase A), so the phase-A blocks' stages, on the layer's chain, find the DRAM
+  // less busy; 0: max_inflight, as every block.
+  int b_inflight = 0;
   bool trace = false;   // a last parameter receiving globaltimer marks (micro-benchmark)
   // 1: the kernel; 0: every product skipped (timing only); 2: nothing but the weight stream (timing only).
   int compute = 1;
@@ -111,7 +115,7 @@ struct DecodeLayersKernelOptions {
 
 // The options a user may set (kiln.compile(persistent_decode={name: value})): stages, a_tasks,
 // max_inflight, release_inflight, head_inflight, kv_rows, counted_rows, l2_prefetch, warp_rotary,
-// warp_norm. Sets `name` to `value`, or returns why not (an unknown name, listing the known ones).
+// warp_norm, b_inflight. Sets `name` to `value`, or returns why not (an unknown name, listing the known ones).
 // trace and compute are the micro-benchmark's, not an engine's.
 std::string set_decode_layers_option(DecodeLayersKernelOptions& options, const std::string& name, int64_t value);
 // "stages=13,a_tasks=8,...": every user-settable option, for the engine's metadata.

@@ -103,7 +103,7 @@ TEST(DecodeLayersKernel, OptionsAreSetByNameAndChecked) {
   EXPECT_EQ(o.kv_rows, 0);
   EXPECT_EQ(decode_layers_options_text(o),
             "stages=13,a_tasks=8,max_inflight=2,release_inflight=1,head_inflight=2,kv_rows=0,counted_rows=2,"
-            "l2_prefetch=0,warp_rotary=0,warp_norm=0");
+            "l2_prefetch=0,warp_rotary=0,warp_norm=0,b_inflight=0");
   EXPECT_EQ(decode_layers_options_invalid(o), "");
   // trace and compute are the micro-benchmark's: not settable by name
   EXPECT_NE(set_decode_layers_option(o, "trace", 1).find("unknown persistent_decode option 'trace' (the options: stages, a_tasks"),
@@ -126,6 +126,7 @@ TEST(DecodeLayersKernel, L2PrefetchWarpRotaryAndWarpNormCompile) {
   o.counted_rows = 1;
   o.warp_rotary = 1;
   o.warp_norm = 1;
+  o.b_inflight = 1;
   DecodeLayersShape s = bench_shape();
   s.layers = 2;
   s.vocab = 512;
@@ -133,6 +134,7 @@ TEST(DecodeLayersKernel, L2PrefetchWarpRotaryAndWarpNormCompile) {
   EXPECT_NE(src.find("kL2Ahead = 16"), std::string::npos);
   EXPECT_NE(src.find("kWarpRotary = 1"), std::string::npos);
   EXPECT_NE(src.find("kWarpNorm = 1"), std::string::npos);
+  EXPECT_NE(src.find("kBInflight = 1"), std::string::npos);
   EXPECT_NE(src.find("cp.async.bulk.prefetch.L2.global"), std::string::npos);
   const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
   ASSERT_EQ(m.cubins.size(), 1u);
