@@ -128,7 +128,8 @@ def main(argv=None) -> None:
     compiled = kiln.compile(
         programs, target_sms=[int(s) for s in args.target_sms.split(",")],
         use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches,
-        persistent_decode=args.persistent_decode, persistent_decode_options=args.decode_options or None, model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
+        persistent_decode=args.persistent_decode, persistent_decode_options=args.decode_options or None,
+        model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
         shape_buckets=prefill_sizes, constant_methods=constants)
     if compiled.summary.ops_on_cpu:
         raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")

@@ -340,9 +340,10 @@ def compile(  # noqa: A001 - mirrors torch_tensorrt.compile
         release_inflight / head_inflight / b_inflight (the weight
         stream's copies in flight a block: throughout / before the
         previous phase's arrival / for the lm_head / of a block without
-        attention work, 0 for max_inflight's), stages (the shared-memory ring's 16 KB stages, 4-13),
-        warp_rotary (1: each warp computes a q|k|v column and its rotary
-        partner and pushes them, no block barrier before the rotary),
+        attention work, 0 for max_inflight's), stages (the shared-memory
+        ring's 16 KB stages, 4-13), warp_rotary (1: each warp computes a
+        q|k|v column and its rotary partner and pushes them, no block
+        barrier before the rotary),
         warp_norm (1: each warp normalizes its share of a phase's row
         itself, one block barrier a phase instead of three).
         Unknown names and values out of range are errors; the engine's
