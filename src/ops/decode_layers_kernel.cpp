@@ -137,6 +137,12 @@ constexpr OptionField kOptionFields[] = {
 };
 }  // namespace
 
+std::vector<std::string> decode_layers_option_names() {
+  std::vector<std::string> names;
+  for (const OptionField& f : kOptionFields) names.emplace_back(f.name);
+  return names;
+}
+
 std::string decode_layers_options_text(const DecodeLayersKernelOptions& o) {
   std::string text;
   for (const OptionField& f : kOptionFields)

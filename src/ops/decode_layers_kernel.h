@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine_format/engine_desc.h"
 
@@ -118,6 +119,8 @@ struct DecodeLayersKernelOptions {
 // warp_norm, b_inflight. Sets `name` to `value`, or returns why not (an unknown name, listing the known ones).
 // trace and compute are the micro-benchmark's, not an engine's.
 std::string set_decode_layers_option(DecodeLayersKernelOptions& options, const std::string& name, int64_t value);
+// The names set_decode_layers_option takes (python/kiln/_options.py lists them too; a test compares).
+std::vector<std::string> decode_layers_option_names();
 // "stages=13,a_tasks=8,...": every user-settable option, for the engine's metadata.
 std::string decode_layers_options_text(const DecodeLayersKernelOptions& options);
 // Why the options cannot build a kernel whatever the grid (a value out of its range), or "".

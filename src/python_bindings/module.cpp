@@ -260,6 +260,8 @@ NB_MODULE(_kiln_compiler, m) {
       },
       "The kernel compiler's process totals: NVRTC compiles, nvJitLink assembles, cache hits (in\n"
       "process and on disk, KILN_KERNEL_CACHE), disk writes, and wall seconds spent compiling kernels.");
+  m.def("persistent_decode_option_names", &ops::decode_layers_option_names,
+        "The persistent decode kernel's option names (kiln.compile's persistent_decode_options).");
   m.def("pass_names", &compiler::pass_names, "The compiler's passes, in the order they run.");
   m.def("inspect_engine", &inspect_engine, "data"_a,
         "Parses engine bytes into a dict; raises ValueError when they are not a valid engine.");

@@ -123,6 +123,14 @@ def test_persistent_decode_options_round_trip_through_compile_specs():
     assert KilnOptions.from_compile_specs(plain.to_compile_specs()) == plain
 
 
+def test_persistent_decode_option_names_match_the_compiler():
+    # The Python list refuses unknown names before a compile starts; the compiler's list is the one
+    # that sets them: they must name the same options.
+    from kiln._native import native
+
+    assert tuple(sorted(native().persistent_decode_option_names())) == kiln_options.PERSISTENT_DECODE_OPTIONS
+
+
 def test_default_options():
     options = validate_options()
     assert options == KilnOptions()
