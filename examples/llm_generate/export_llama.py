@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(HERE))
 import kiln  # noqa: E402
 from kiln import _dynamic  # noqa: E402
+from kiln._options import parse_persistent_decode_options  # noqa: E402
 from llama_kv import DEFAULT_SEED, SIZES, KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -75,10 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.prompt_len < 1 or args.new_tokens < 1:
         p.error("--prompt-len and --new-tokens must be >= 1")
     try:
-        args.decode_options = {name: int(value) for name, value in
-                               (item.split("=", 1) for item in args.decode_options.split(",") if item)}
-    except ValueError:
-        p.error(f"--decode-options: expected name=int,... got {args.decode_options!r}")
+        args.decode_options = parse_persistent_decode_options(args.decode_options)
+    except ValueError as e:
+        p.error(f"--decode-options: {e}")
     if args.decode_options and not args.persistent_decode:
         p.error("--decode-options needs --persistent-decode")
     if args.max_len is None:

@@ -30,6 +30,23 @@ CONV_GEMM_MODES = ("all", "unstrided", "none")
 PERSISTENT_DECODE_OPTIONS = ("a_tasks", "b_inflight", "counted_rows", "head_inflight", "kv_rows", "l2_prefetch", "max_inflight",
                              "release_inflight", "stages", "warp_norm", "warp_rotary")
 
+
+
+def parse_persistent_decode_options(text: str) -> dict[str, int]:
+    """"counted_rows=1,kv_rows=0" -> {"counted_rows": 1, "kv_rows": 0}: the compile spec's encoding,
+    also what export_llama.py --decode-options takes. Names are checked by validate_options."""
+    options: dict[str, int] = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            options[name.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"persistent_decode_options: expected name=int,... got {item!r} in {text!r}") from None
+    return options
+
+
 # NVRTC in CUDA 13 (what the compiler links) builds for sm_75 and newer.
 MIN_SM = 75
 # A cubin for each SM NVRTC 13 builds for from Ampere on (A100, RTX 30xx,
@@ -154,8 +171,7 @@ class KilnOptions:
             elif spec.key == "persistent_decode":
                 values["persistent_decode"] = text == "1"
             elif spec.key == "persistent_decode_options":
-                values["persistent_decode_options"] = {
-                    k: int(v) for k, v in (item.split("=", 1) for item in text.split(",") if item)}
+                values["persistent_decode_options"] = parse_persistent_decode_options(text)
             elif spec.key == "debug_dir":
                 values["debug_dir"] = text
             elif spec.key == "weights_prefix":

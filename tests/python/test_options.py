@@ -123,6 +123,19 @@ def test_persistent_decode_options_round_trip_through_compile_specs():
     assert KilnOptions.from_compile_specs(plain.to_compile_specs()) == plain
 
 
+def test_persistent_decode_options_text_is_parsed_with_clear_errors():
+    assert kiln_options.parse_persistent_decode_options("counted_rows=1, kv_rows=-0") == {"counted_rows": 1, "kv_rows": 0}
+    assert kiln_options.parse_persistent_decode_options("") == {}
+    for bad in ("kv_rows", "kv_rows=x", "=3", "kv_rows=1,a_tasks=2.5"):
+        with pytest.raises(ValueError, match="persistent_decode_options: expected name=int"):
+            kiln_options.parse_persistent_decode_options(bad)
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    with pytest.raises(ValueError, match="expected name=int,... got 'kv_rows'"):
+        KilnOptions.from_compile_specs([CompileSpec("persistent_decode", b"1"),
+                                        CompileSpec("persistent_decode_options", b"kv_rows")])
+
+
 def test_persistent_decode_option_names_match_the_compiler():
     # The Python list refuses unknown names before a compile starts; the compiler's list is the one
     # that sets them: they must name the same options.
