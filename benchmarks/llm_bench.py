@@ -10,6 +10,11 @@ greedy decode of N new tokens, three ways in one run:
               (kiln.compile's persistent_decode: the decode layers as one
               persistent kernel, sm_90 only), same weights; reported as
               failed with the reason when the bundle has none.
+  kiln_persistent_LABEL  the program in persistent_decode_LABEL/ (the same
+              model exported with other persistent_decode_options, written
+              in its options.txt; scripts/prepare_llm_carry.sh
+              --decode-variants): an A/B of the kernel's options in the
+              benchmark's own run. By default every such folder is a peer.
   hf_eager    Hugging Face `generate` (greedy, its default dynamic cache), eager.
   compile_ro  the same static-cache forward Kiln exports (KVLlama: prefill
               once, then one decode call per token, the token fed back on the
@@ -20,8 +25,11 @@ Figures: prefill (time to first token, ms), decode tokens/s over the new
 tokens, and decode as a fraction of the memory-bandwidth roofline (weights +
 the KV cache read per token, over the GPU's peak: 4.8 TB/s on the H200, 3.35
 on the H100 SXM; peak_bandwidth). Medians over --runs
-whole generations after --warmup ones. A peer that fails is reported with its
-reason. The .ptd is rebuilt from its seed first (llm_weights.py unpack).
+whole generations after --warmup ones; with --rounds R the Kiln peers run R
+times in turn (A B C A B C ...) and each reports the median of its rounds,
+so that a drift of the GPU's clocks falls on every program alike. A peer that
+fails is reported with its reason. The .ptd is rebuilt from its seed first
+(llm_weights.py unpack).
 
     python3 benchmarks/llm_bench.py --bundle .gpu_carry/llm_bench \\
         --binary build-gpu/examples/llm_generate/llm_generate --out $OUT --commit <sha>
@@ -71,6 +79,54 @@ def roofline_tokens_per_s(manifest: dict, itemsize: int, bytes_per_s: float = H2
     cache = c["layers"] * 2 * c["kv_heads"] * hd * itemsize * mean_context
     total = weights + cache
     return bytes_per_s / total, total
+
+
+VARIANT_PREFIX = "kiln_persistent_"
+
+
+def kiln_program(bundle: Path, manifest: dict, peer: str) -> Path:
+    """The .pte a Kiln peer runs: kiln, kiln_persistent or kiln_persistent_LABEL."""
+    if peer == "kiln":
+        return bundle / manifest["pte"]
+    if peer == "kiln_persistent":
+        return bundle / "persistent_decode" / manifest["pte"]
+    if peer.startswith(VARIANT_PREFIX) and len(peer) > len(VARIANT_PREFIX):
+        return bundle / ("persistent_decode_" + peer[len(VARIANT_PREFIX):]) / manifest["pte"]
+    raise ValueError(f"{peer!r} is not a Kiln peer (kiln, kiln_persistent, kiln_persistent_LABEL)")
+
+
+def default_peers(bundle: Path) -> list[str]:
+    """kiln, kiln_persistent, one peer per persistent_decode_LABEL/ folder, hf_eager, compile_ro."""
+    variants = sorted(d.name[len("persistent_decode_"):] for d in bundle.glob("persistent_decode_*") if d.is_dir())
+    return ["kiln", "kiln_persistent", *(VARIANT_PREFIX + v for v in variants), "hf_eager", "compile_ro"]
+
+
+def variant_options(bundle: Path, peer: str) -> str:
+    """The persistent_decode_options a variant peer's program was exported with ('' if none recorded)."""
+    if not peer.startswith(VARIANT_PREFIX):
+        return ""
+    f = bundle / ("persistent_decode_" + peer[len(VARIANT_PREFIX):]) / "options.txt"
+    return f.read_text().strip() if f.exists() else ""
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One peer's result from its rounds (run_kiln's dicts): the medians of prefill and decode, each
+    round's tokens/s when there were several; RuntimeError if the rounds generated different tokens."""
+    if not rounds:
+        raise RuntimeError("no round ran")
+    first = rounds[0]["tokens"]
+    for n, r in enumerate(rounds[1:], start=2):
+        if r["tokens"] != first:
+            same = min(len(first), len(r["tokens"]))
+            at = next((i for i, (a, b) in enumerate(zip(first, r["tokens"])) if a != b), same)
+            raise RuntimeError(f"round {n} generated other tokens than round 1 (from new token {at})")
+    tps = [r["decode_tokens_per_s"] for r in rounds]
+    out = dict(rounds[0])
+    out["decode_tokens_per_s"] = statistics.median(tps)
+    out["prefill_ms"] = statistics.median(r["prefill_ms"] for r in rounds)
+    if len(rounds) > 1:
+        out["rounds_tokens_per_s"] = [round(t, 1) for t in tps]
+    return out
 
 
 def run_kiln(args, bundle: Path, manifest: dict, program: Path | None = None) -> dict:
@@ -159,15 +215,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", type=Path, required=True, help="manifest.json, .pte, prompt.txt, recipe/")
     parser.add_argument("--binary", required=True, help="llm_generate")
-    parser.add_argument("--peers", default="kiln,kiln_persistent,hf_eager,compile_ro")
+    parser.add_argument("--peers", default=None,
+                        help="comma-separated; default: kiln, kiln_persistent, kiln_persistent_LABEL for each "
+                             "persistent_decode_LABEL/ of the bundle, hf_eager, compile_ro")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="the Kiln peers run this many times in turn; each reports its rounds' median")
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--commit", default="unknown")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((args.bundle / "manifest.json").read_text())
+    peers = args.peers.split(",") if args.peers else default_peers(args.bundle)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
+    kiln_peers = [p for p in peers if p.startswith("kiln")]
+    for peer in peers:  # a misspelled peer fails here, before any timing
+        try:
+            if peer in kiln_peers:
+                kiln_program(args.bundle, manifest, peer)
+            elif peer not in ("hf_eager", "compile_ro"):
+                raise ValueError(f"unknown peer {peer!r} (kiln, kiln_persistent, kiln_persistent_LABEL, hf_eager, "
+                                 "compile_ro)")
+        except ValueError as e:
+            parser.error(str(e))
     ptd = args.bundle / manifest["ptd"]
     if not ptd.exists():
         subprocess.run([sys.executable, str(ROOT / "examples" / "llm_generate" / "llm_weights.py"), "unpack",
@@ -183,27 +256,53 @@ def main() -> None:
                "prompt_len": manifest["prompt_len"], "new_tokens": manifest["new_tokens"],
                "roofline_tokens_per_s": roof_tps, "bytes_per_token": bytes_per_token,
                "roofline_bandwidth": bandwidth_note, "peers": {}}
+
+    def report(peer: str, r: dict) -> None:
+        r["roofline_fraction"] = r["decode_tokens_per_s"] / roof_tps
+        results["peers"][peer] = r
+        print(f"llm_bench: {peer}: prefill {r['prefill_ms']:.2f} ms, decode {r['decode_tokens_per_s']:.1f} "
+              f"tokens/s ({r['roofline_fraction']:.1%} of roofline)", flush=True)
+
+    def failed(peer: str, e: Exception) -> None:  # a failing peer is reported, not fatal
+        results["peers"][peer] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"llm_bench: {peer} FAILED: {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc()
+
+    # The Kiln peers first, in turn for --rounds rounds (a peer that fails once is not run again).
+    rounds: dict[str, list[dict]] = {p: [] for p in kiln_peers}
+    for n in range(args.rounds):
+        for peer in kiln_peers:
+            if peer in results["peers"]:
+                continue
+            print(f"llm_bench: {peer} (round {n + 1} of {args.rounds}) ...", flush=True)
+            try:
+                rounds[peer].append(run_kiln(args, args.bundle, manifest, kiln_program(args.bundle, manifest, peer)))
+            except Exception as e:
+                failed(peer, e)
+    for peer, rs in rounds.items():
+        if peer in results["peers"]:
+            continue
+        try:
+            r = combine_rounds(rs)
+        except RuntimeError as e:
+            failed(peer, e)
+            continue
+        options = variant_options(args.bundle, peer)
+        if options:
+            r["persistent_decode_options"] = options
+        report(peer, r)
     lm = prompt = None
-    for peer in args.peers.split(","):
+    for peer in peers:
+        if peer in kiln_peers:
+            continue
         print(f"llm_bench: {peer} ...", flush=True)
         try:
-            if peer == "kiln":
-                r = run_kiln(args, args.bundle, manifest)
-            elif peer == "kiln_persistent":
-                r = run_kiln(args, args.bundle, manifest, args.bundle / "persistent_decode" / manifest["pte"])
-            else:
-                if lm is None:
-                    lm = build_hf(manifest["size"], manifest["seed"], dtype).cuda()
-                    prompt = torch.tensor([prompt_ids], device="cuda")
-                r = {"hf_eager": run_hf_eager, "compile_ro": run_compile_ro}[peer](args, lm, prompt, manifest)
-            r["roofline_fraction"] = r["decode_tokens_per_s"] / roof_tps
-            results["peers"][peer] = r
-            print(f"llm_bench: {peer}: prefill {r['prefill_ms']:.2f} ms, decode {r['decode_tokens_per_s']:.1f} "
-                  f"tokens/s ({r['roofline_fraction']:.1%} of roofline)", flush=True)
-        except Exception as e:  # a failing peer is reported, not fatal
-            results["peers"][peer] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"llm_bench: {peer} FAILED: {type(e).__name__}: {e}", flush=True)
-            traceback.print_exc()
+            if lm is None:
+                lm = build_hf(manifest["size"], manifest["seed"], dtype).cuda()
+                prompt = torch.tensor([prompt_ids], device="cuda")
+            report(peer, {"hf_eager": run_hf_eager, "compile_ro": run_compile_ro}[peer](args, lm, prompt, manifest))
+        except Exception as e:
+            failed(peer, e)
     kiln_tokens = results["peers"].get("kiln", {}).get("tokens")
     for name, r in results["peers"].items():
         if kiln_tokens and "tokens" in r and name != "kiln":
@@ -217,8 +316,14 @@ def main() -> None:
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error'][:120]} | | | |")
         else:
-            lines.append(f"| {name} | {r['prefill_ms']:.2f} | {r['decode_tokens_per_s']:.1f} | "
+            rounds_note = (" (rounds " + " / ".join(f"{t:.1f}" for t in r["rounds_tokens_per_s"]) + ")"
+                           if "rounds_tokens_per_s" in r else "")
+            lines.append(f"| {name} | {r['prefill_ms']:.2f} | {r['decode_tokens_per_s']:.1f}{rounds_note} | "
                          f"{r['roofline_fraction']:.1%} | {r.get('tokens_equal_to_kiln', '-')} |")
+    notes = [f"- {name}: persistent_decode_options {r['persistent_decode_options']}"
+             for name, r in results["peers"].items() if r.get("persistent_decode_options")]
+    if notes:
+        lines += ["", *notes]
     (args.out / "llm_bench.md").write_text("\n".join(lines) + "\n")
     for r in results["peers"].values():
         r.pop("tokens", None)

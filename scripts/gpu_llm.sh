@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after scripts/gpu_check.sh has built build-gpu:
+# Runs on the GPU machine (builds build-gpu's llm_generate and kiln_runner if
+# scripts/gpu_check.sh has not):
 #   1. benchmarks/llm_bench.py on the carried bench model (Kiln's C++ loop,
 #      HF generate eager, the static-cache forward under torch.compile
 #      reduce-overhead, in one run; the .ptd is rebuilt from its seed);
@@ -7,8 +8,11 @@
 #      methods, bucketed by tools/profile_summary.py, and each method's
 #      CUDA-graph replay latency.
 # Usage: KILN_GPU_BUNDLE=.gpu_carry bash scripts/gpu_llm.sh [commit]
+#   KILN_LLM_PEERS (llm_bench's --peers; default every peer, the bundle's persistent_decode_LABEL/
+#   variants included), KILN_LLM_ROUNDS (--rounds: the Kiln peers in turn, each its rounds' median).
 # Carries: $KILN_GPU_BUNDLE/llm_bench (export_llama.py --size bench
-# --external-weights, then llm_weights.py pack into llm_bench/recipe).
+# --external-weights, then llm_weights.py pack into llm_bench/recipe) and, unless
+# build-gpu is built, $KILN_GPU_BUNDLE/executorch_sdk (scripts/make_executorch_sdk.sh).
 #   3. the persistent_decode program, when carried, on a 32-SM green context (its
 #      fallback engine must run the calls).
 # Writes $OUT/llm_bench.{md,json}, $OUT/llm_profile.txt, $OUT/llm_persistent_fallback.txt.
@@ -21,12 +25,15 @@ commit=${1:-$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)}
 bin=build-gpu/examples/llm_generate/llm_generate
 runner=build-gpu/tools/kiln_runner/kiln_runner
 mkdir -p "$out"
-if [ ! -x "$bin" ] || [ ! -x "$runner" ]; then
-  cmake --build build-gpu -j"$(nproc)" --target llm_generate kiln_runner >/tmp/kiln_llm_build.log 2>&1 ||
+if [ ! -x "$bin" ] || [ ! -x "$runner" ]; then  # configured here too, so gpu_check.sh need not run first
+  { [ -f build-gpu/build.ninja ] ||
+      cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/$carry/executorch_sdk" \
+        -DKILN_BUILD_PYTHON=OFF -DKILN_BUILD_TESTS=OFF; } >/tmp/kiln_llm_build.log 2>&1 &&
+    cmake --build build-gpu -j"$(nproc)" --target llm_generate kiln_runner >>/tmp/kiln_llm_build.log 2>&1 ||
     { tail -30 /tmp/kiln_llm_build.log; exit 1; }
 fi
 PYTHONUNBUFFERED=1 python3 benchmarks/llm_bench.py --bundle "$bundle" --binary "$bin" --out "$out" \
-  --commit "$commit" ${KILN_LLM_PEERS:+--peers "$KILN_LLM_PEERS"} 2>&1 | grep -vE "^I |Warning|warn\(" | tail -40
+  --commit "$commit" ${KILN_LLM_PEERS:+--peers "$KILN_LLM_PEERS"} ${KILN_LLM_ROUNDS:+--rounds "$KILN_LLM_ROUNDS"} 2>&1 | grep -vE "^I |Warning|warn\(" | tail -40
 read -r pte ptd < <(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['pte'], m['ptd'])" \
   "$bundle/manifest.json")
 # The persistent_decode program on a green context too small for its grid: its fallback engine

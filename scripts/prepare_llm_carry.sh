@@ -10,11 +10,49 @@
 #                     prompt 512 + 256 new tokens, weights as a recipe;
 #                     llm_bench/classic_launch/ the same with overlap_launches=False,
 #                     llm_bench/persistent_decode/ with persistent_decode (sm_90 only)
+#                     llm_bench/persistent_decode_LABEL/ (with --decode-variants) the same
+#                     with the kernel options OPTS (options.txt), for llm_bench's A/B
 # Then, on the GPU machine: scripts/gpu_check.sh runs tests/gpu/llm_generate_test.py
 # on $carry/llm; scripts/gpu_llm.sh benchmarks $carry/llm_bench.
-# Usage: bash scripts/prepare_llm_carry.sh [--bench]   (KILN_GPU_BUNDLE, default .gpu_carry)
+# Usage: bash scripts/prepare_llm_carry.sh [--bench [--decode-variants "LABEL:OPTS LABEL:OPTS ..."]]
+#   (KILN_GPU_BUNDLE, default .gpu_carry), e.g. --decode-variants "kv0:kv_rows=0 l2:l2_prefetch=16"
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bench=0
+variants=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bench) bench=1 ;;
+    --decode-variants)
+      [ $# -ge 2 ] || { echo "prepare_llm_carry.sh: --decode-variants needs \"LABEL:OPTS ...\"" >&2; exit 2; }
+      read -r -a variants <<<"$2"
+      shift ;;
+    *) echo "prepare_llm_carry.sh: unknown argument '$1' (--bench, --decode-variants \"LABEL:OPTS ...\")" >&2; exit 2 ;;
+  esac
+  shift
+done
+for v in "${variants[@]}"; do  # checked before the long exports start
+  label=${v%%:*}
+  if [ "$label" = "$v" ] || [ -z "$label" ] || [ -z "${v#*:}" ] || [[ ! $label =~ ^[A-Za-z0-9_]+$ ]]; then
+    echo "prepare_llm_carry.sh: --decode-variants item '$v': expected LABEL:name=int,... (LABEL of letters, digits, _)" >&2
+    exit 2
+  fi
+done
+[ ${#variants[@]} -eq 0 ] || [ $bench = 1 ] || { echo "prepare_llm_carry.sh: --decode-variants needs --bench" >&2; exit 2; }
+if [ ${#variants[@]} -gt 0 ]; then  # the options' names and syntax, before the exports
+  PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} python3 - "${variants[@]}" <<'EOF' || exit 2
+import sys
+from kiln._options import PERSISTENT_DECODE_OPTIONS, parse_persistent_decode_options
+for item in sys.argv[1:]:
+    label, text = item.split(":", 1)
+    try:
+        for name in parse_persistent_decode_options(text):
+            if name not in PERSISTENT_DECODE_OPTIONS:
+                raise ValueError(f"unknown option {name!r}; the options are {', '.join(PERSISTENT_DECODE_OPTIONS)}")
+    except ValueError as e:
+        sys.exit(f"prepare_llm_carry.sh: --decode-variants {label}: {e}")
+EOF
+fi
 carry=${KILN_GPU_BUNDLE:-.gpu_carry}
 export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
 work=$(mktemp -d /tmp/kiln_llm_carry.XXXXXX)
@@ -45,7 +83,7 @@ python3 "$export_llama" --size small --dtype float16 --logits --reference --out 
 xz -T2 -c "$work/fp16/llama_small_float16.pte" >"$carry/llm/fp16/llama_small_float16.pte.xz"
 cp "$work"/fp16/{manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} "$carry/llm/fp16/"
 
-if [ "${1:-}" = "--bench" ]; then
+if [ $bench = 1 ]; then
   echo "== bench, bfloat16 -> $carry/llm_bench"
   rm -rf "$carry/llm_bench" && mkdir -p "$carry/llm_bench"
   python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
@@ -64,5 +102,15 @@ if [ "${1:-}" = "--bench" ]; then
     --external-weights --persistent-decode --target-sms 90 --out "$work/bench_persistent"
   mkdir -p "$carry/llm_bench/persistent_decode"
   cp "$work/bench_persistent/llama_bench_bfloat16.pte" "$carry/llm_bench/persistent_decode/"
+  rm -rf "$carry"/llm_bench/persistent_decode_*
+  for v in "${variants[@]}"; do
+    label=${v%%:*} opts=${v#*:}
+    echo "== bench, persistent_decode_options $opts -> $carry/llm_bench/persistent_decode_$label"
+    python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
+      --external-weights --persistent-decode --target-sms 90 --decode-options "$opts" --out "$work/bench_$label"
+    mkdir -p "$carry/llm_bench/persistent_decode_$label"
+    cp "$work/bench_$label/llama_bench_bfloat16.pte" "$carry/llm_bench/persistent_decode_$label/"
+    echo "$opts" >"$carry/llm_bench/persistent_decode_$label/options.txt"
+  done
 fi
-du -sh "$carry"/llm/* ${1:+"$carry/llm_bench"}
+du -sh "$carry"/llm/* $([ $bench = 1 ] && echo "$carry/llm_bench")

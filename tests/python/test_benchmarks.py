@@ -6,6 +6,7 @@ errors."""
 import json
 import lzma
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -253,3 +254,54 @@ def test_ncu_summary_groups_families_takes_the_last_run_and_the_overhead(tmp_pat
     assert ncu_summary.main([str(bad)]) == 2
     assert ncu_summary.main([str(path), "--last", "99"]) == 2
     assert "bad.csv" in capsys.readouterr().err
+
+
+def test_llm_bench_variant_peers_and_rounds(tmp_path):
+    """A persistent_decode_LABEL/ folder of the bundle is the peer kiln_persistent_LABEL (every one
+    by default, its options.txt in the report); a misspelled Kiln peer is refused by name; rounds
+    give each Kiln peer the median of its rounds, and rounds that generated different tokens fail
+    the peer with the round and the token where they part."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import llm_bench
+
+    manifest = {"pte": "m.pte"}
+    for label in ("kv0", "counted"):
+        (tmp_path / f"persistent_decode_{label}").mkdir()
+    (tmp_path / "persistent_decode_kv0" / "options.txt").write_text("kv_rows=0\n")
+    (tmp_path / "persistent_decode_stray.txt").write_text("not a folder")
+    assert llm_bench.default_peers(tmp_path) == ["kiln", "kiln_persistent", "kiln_persistent_counted",
+                                                 "kiln_persistent_kv0", "hf_eager", "compile_ro"]
+    assert llm_bench.kiln_program(tmp_path, manifest, "kiln") == tmp_path / "m.pte"
+    assert llm_bench.kiln_program(tmp_path, manifest, "kiln_persistent") == tmp_path / "persistent_decode" / "m.pte"
+    assert (llm_bench.kiln_program(tmp_path, manifest, "kiln_persistent_kv0")
+            == tmp_path / "persistent_decode_kv0" / "m.pte")
+    with pytest.raises(ValueError, match="'kiln_fast' is not a Kiln peer"):
+        llm_bench.kiln_program(tmp_path, manifest, "kiln_fast")
+    assert llm_bench.variant_options(tmp_path, "kiln_persistent_kv0") == "kv_rows=0"
+    assert llm_bench.variant_options(tmp_path, "kiln_persistent_counted") == ""
+
+    rng = random.Random(1203)
+    tokens = [rng.randrange(32000) for _ in range(8)]
+    tps = [rng.uniform(2000, 3000) for _ in range(3)]
+    rounds = [{"tokens": list(tokens), "decode_tokens_per_s": t, "prefill_ms": rng.uniform(2, 3), "traffic": "x"}
+              for t in tps]
+    r = llm_bench.combine_rounds(rounds)
+    assert r["decode_tokens_per_s"] == sorted(tps)[1]
+    assert r["rounds_tokens_per_s"] == [round(t, 1) for t in tps]
+    assert r["prefill_ms"] == sorted(x["prefill_ms"] for x in rounds)[1]
+    assert "rounds_tokens_per_s" not in llm_bench.combine_rounds(rounds[:1])
+    rounds[2]["tokens"][5] += 1
+    with pytest.raises(RuntimeError, match=r"round 3 generated other tokens than round 1 \(from new token 5\)"):
+        llm_bench.combine_rounds(rounds)
+
+
+def test_llm_bench_refuses_unknown_peers_and_rounds_before_any_timing(tmp_path):
+    """A misspelled peer or --rounds 0 stops llm_bench with the reason before it needs a GPU."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"pte": "m.pte", "ptd": "m.ptd"}))
+    base = [sys.executable, str(ROOT / "benchmarks" / "llm_bench.py"), "--bundle", str(tmp_path), "--binary", "x",
+            "--out", str(tmp_path / "out")]
+    for extra, says in ((["--peers", "kiln,hf"], "unknown peer 'hf'"),
+                        (["--peers", "kiln_persistent_"], "'kiln_persistent_' is not a Kiln peer"),
+                        (["--rounds", "0"], "--rounds 0: at least 1")):
+        proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
