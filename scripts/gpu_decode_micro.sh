@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, needing nothing carried (nvcc and NVRTC only, no ExecuTorch): the
+# persistent decode kernel's micro-benchmark (benchmarks/micro/decode_layers_persistent.cu), which
+# checks every variant against plain kernels before timing it.
+#   1. the engine's defaults (the hand-off variants crossing counted_rows, a_tasks, l2_prefetch,
+#      b_inflight, warp_rotary and warp_norm; the copies-in-flight caps; kv_rows 64 / 128 / by
+#      position at 512-1024; the weight stream alone with and without L2 prefetches; the trace);
+#   2. with time left, again with the options in $KILN_MICRO_ARGS as the base (default: every
+#      eleventh-session option on), for its trace: where a layer's time goes with them.
+# A call has at most 600 s; the whole script stops itself at $KILN_MICRO_BUDGET seconds (default
+# 280) so that a short device allowance still brings its logs back.
+# Usage: bash scripts/gpu_decode_micro.sh   (writes $OUT/decode_micro_*.txt, else out/gpu)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-out/gpu}
+budget=${KILN_MICRO_BUDGET:-280}
+# tasks cap release kv_rows trace_pos counted_rows l2_prefetch warp_rotary warp_norm b_inflight
+args=${KILN_MICRO_ARGS:-8 2 1 64 512 1 16 1 1 0}
+mkdir -p "$out"
+SECONDS=0
+commit=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu_carry/COMMIT 2>/dev/null || echo unknown)
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)
+echo "commit $commit; $gpu"
+nvcc -O3 -arch=sm_90 -std=c++17 -Isrc -o /tmp/kiln_dlp benchmarks/micro/decode_layers_persistent.cu \
+  src/ops/decode_layers_kernel.cpp -lnvrtc >/tmp/kiln_dlp_build.txt 2>&1 ||
+  { tail -30 /tmp/kiln_dlp_build.txt; cp /tmp/kiln_dlp_build.txt "$out/"; exit 1; }
+echo "built in ${SECONDS}s"
+run() {  # name, seconds, arguments...
+  local name=$1 limit=$2
+  shift 2
+  { echo "== decode_layers_persistent $*  (commit $commit; $gpu)"
+    timeout "$limit" /tmp/kiln_dlp "$@" 2>&1
+    echo "exit $? after ${SECONDS}s"; } >"/tmp/$name.txt"
+  cp "/tmp/$name.txt" "$out/"
+  grep -E "numerics|WRONG|round 0|cannot|exit" "/tmp/$name.txt" | cut -c1-220
+}
+run decode_micro_defaults $((budget - SECONDS - 20))
+left=$((budget - SECONDS - 10))
+if [ "$left" -gt 60 ]; then
+  # shellcheck disable=SC2086  # the arguments are words
+  run decode_micro_options "$left" $args
+else
+  echo "no time left for the second run (${left}s)"
+fi
