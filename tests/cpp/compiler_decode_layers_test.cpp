@@ -1,13 +1,16 @@
 // The persistent decode-layers kernel (ops/decode_layers_kernel.h) on the CPU side: its source
-// compiles with the real NVRTC and nvJitLink for sm_90 in bf16 and fp16 (the static_assert on its
+// compiles with the real NVRTC and nvJitLink for sm_90 in bf16 and fp16 without spilling registers
+// (ptxas's report, every code-changing option; the static_assert on its
 // shared-memory state included), the shapes and grids it cannot take are refused with the reason,
 // and its packed copy holds exactly the layers' weights, laid out as the kernel reads them (the
 // load-time copies against the layout written out element by element). Its numerics are checked on the GPU by
 // benchmarks/micro/decode_layers_persistent.cu (docs/gpu_results.md).
 #include <gtest/gtest.h>
+#include <nvrtc.h>
 
 #include <algorithm>
 #include <cstring>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -139,6 +142,59 @@ TEST(DecodeLayersKernel, L2PrefetchWarpRotaryAndWarpNormCompile) {
   const engine::KernelModule m = codegen::compile_module("dl", src, {90}, false);
   ASSERT_EQ(m.cubins.size(), 1u);
   EXPECT_TRUE(contains(m.cubins[0].image, "kiln_decode_layers_l2"));
+}
+
+// ptxas's report for `src` compiled for sm_90 (NVRTC with --ptxas-options=-v), as the engine's
+// cubin is assembled from the same PTX.
+std::string ptxas_report(const std::string& src) {
+  nvrtcProgram prog;
+  EXPECT_EQ(nvrtcCreateProgram(&prog, src.c_str(), "decode_layers.cu", 0, nullptr, nullptr), NVRTC_SUCCESS);
+  const char* opts[] = {"--gpu-architecture=sm_90", "--std=c++17", "-default-device", "--ptxas-options=-v"};
+  const nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+  size_t n = 0;
+  nvrtcGetProgramLogSize(prog, &n);
+  std::string log(n, '\0');
+  nvrtcGetProgramLog(prog, log.data());
+  log.resize(std::strlen(log.c_str()));  // the size counts the terminating NUL
+  nvrtcDestroyProgram(&prog);
+  EXPECT_EQ(r, NVRTC_SUCCESS) << log;
+  return log;
+}
+
+TEST(DecodeLayersKernel, NoVariantSpillsRegisters) {
+  // The kernel keeps each lane's share of the normalized row (32 floats) and its partial sums in
+  // registers under __launch_bounds__ (one 288-thread block an SM): a change that pushed them to
+  // local memory would slow every product without failing any numerics check. The bench shape with
+  // the head and the embedding folded in (the program llm_bench runs), with every option that
+  // changes the code.
+  struct Variant {
+    const char* options;
+    void (*set)(DecodeLayersKernelOptions&);
+  };
+  const Variant variants[] = {
+      {"defaults", [](DecodeLayersKernelOptions&) {}},
+      {"kv_rows 0", [](DecodeLayersKernelOptions& o) { o.kv_rows = 0; }},
+      {"counted_rows 2", [](DecodeLayersKernelOptions& o) { o.counted_rows = 2; }},
+      {"every item-17 option", [](DecodeLayersKernelOptions& o) {
+         o.counted_rows = 1, o.kv_rows = 0, o.l2_prefetch = 16, o.warp_rotary = 1, o.warp_norm = 1, o.b_inflight = 1;
+       }},
+  };
+  DecodeLayersShape s = bench_shape();
+  s.vocab = 32000;
+  s.embed_rows = 32000;
+  const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"), regs(R"(Used (\d+) registers)");
+  for (const Variant& v : variants) {
+    DecodeLayersKernelOptions o;
+    v.set(o);
+    const std::string log = ptxas_report(decode_layers_kernel_source(s, o, "kiln_decode_layers"));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, spills)) << v.options << ": no spill line in\n" << log;
+    EXPECT_EQ(m[1].str(), "0") << v.options << " spills registers:\n" << log;
+    EXPECT_EQ(m[2].str(), "0") << v.options << " spills registers:\n" << log;
+    ASSERT_TRUE(std::regex_search(log, m, regs)) << v.options << ": no register line in\n" << log;
+    EXPECT_LE(std::stoi(m[1].str()), 224) << v.options;  // 65536 / 288 threads, rounded to ptxas's 8
+    EXPECT_EQ(log.find("warning"), std::string::npos) << v.options << ":\n" << log;
+  }
 }
 
 TEST(DecodeLayersKernel, TraceAddsItsParameter) {

@@ -10,7 +10,8 @@ add_executable(kiln_compiler_tests
   compiler_patchify_test.cpp
   compiler_decode_layers_test.cpp
   nvrtc_compiler_test.cpp)
-target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main)
+# CUDA::nvrtc: the persistent decode kernel's ptxas report (no register spills).
+target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main CUDA::nvrtc)
 gtest_discover_tests(kiln_compiler_tests)
 
 # Generated kernels run on the CPU: their CUDA source is compiled as host C++
