@@ -15,6 +15,12 @@ greedy decode of N new tokens, three ways in one run:
               in its options.txt; scripts/prepare_llm_carry.sh
               --decode-variants): an A/B of the kernel's options in the
               benchmark's own run. By default every such folder is a peer.
+  kiln_device, kiln_persistent_device  the same two programs exported with
+              device-resident I/O (the bundle's device_io/ and
+              persistent_device_io/; export_llama.py --device-io), run with
+              llm_generate --device_io: the tokens stay on the GPU between
+              steps and the host waits once a generation, as compile_ro's
+              loop does. Run by default when the bundle has the folder.
   hf_eager    Hugging Face `generate` (greedy, its default dynamic cache), eager.
   compile_ro  the same static-cache forward Kiln exports (KVLlama: prefill
               once, then one decode call per token, the token fed back on the
@@ -82,23 +88,30 @@ def roofline_tokens_per_s(manifest: dict, itemsize: int, bytes_per_s: float = H2
 
 
 VARIANT_PREFIX = "kiln_persistent_"
+# Device-resident I/O programs (export_llama.py --device-io) and their folders.
+DEVICE_PEERS = {"kiln_device": "device_io", "kiln_persistent_device": "persistent_device_io"}
 
 
 def kiln_program(bundle: Path, manifest: dict, peer: str) -> Path:
-    """The .pte a Kiln peer runs: kiln, kiln_persistent or kiln_persistent_LABEL."""
+    """The .pte a Kiln peer runs: kiln, kiln_persistent, kiln_persistent_LABEL or a DEVICE_PEERS one."""
     if peer == "kiln":
         return bundle / manifest["pte"]
+    if peer in DEVICE_PEERS:
+        return bundle / DEVICE_PEERS[peer] / manifest["pte"]
     if peer == "kiln_persistent":
         return bundle / "persistent_decode" / manifest["pte"]
     if peer.startswith(VARIANT_PREFIX) and len(peer) > len(VARIANT_PREFIX):
         return bundle / ("persistent_decode_" + peer[len(VARIANT_PREFIX):]) / manifest["pte"]
-    raise ValueError(f"{peer!r} is not a Kiln peer (kiln, kiln_persistent, kiln_persistent_LABEL)")
+    raise ValueError(f"{peer!r} is not a Kiln peer (kiln, kiln_persistent, kiln_persistent_LABEL, "
+                     f"{', '.join(DEVICE_PEERS)})")
 
 
 def default_peers(bundle: Path) -> list[str]:
-    """kiln, kiln_persistent, one peer per persistent_decode_LABEL/ folder, hf_eager, compile_ro."""
+    """kiln, kiln_persistent, one peer per persistent_decode_LABEL/ folder, the device-I/O programs
+    the bundle has (kiln_device, kiln_persistent_device), hf_eager, compile_ro."""
     variants = sorted(d.name[len("persistent_decode_"):] for d in bundle.glob("persistent_decode_*") if d.is_dir())
-    return ["kiln", "kiln_persistent", *(VARIANT_PREFIX + v for v in variants), "hf_eager", "compile_ro"]
+    device = [p for p, d in DEVICE_PEERS.items() if (bundle / d).is_dir()]
+    return ["kiln", "kiln_persistent", *(VARIANT_PREFIX + v for v in variants), *device, "hf_eager", "compile_ro"]
 
 
 def variant_options(bundle: Path, peer: str) -> str:
@@ -129,13 +142,13 @@ def combine_rounds(rounds: list[dict]) -> dict:
     return out
 
 
-def run_kiln(args, bundle: Path, manifest: dict, program: Path | None = None) -> dict:
+def run_kiln(args, bundle: Path, manifest: dict, program: Path | None = None, device_io: bool = False) -> dict:
     program = program or bundle / manifest["pte"]
     if not program.exists():
         raise FileNotFoundError(f"{program} is not in the bundle")
     cmd = [args.binary, "--model", str(program), "--data_path", str(bundle / manifest["ptd"]),
            "--prompt_file", str(bundle / "prompt.txt"), "--new_tokens", str(manifest["new_tokens"]),
-           "--warmup", str(args.warmup), "--runs", str(args.runs)]
+           "--warmup", str(args.warmup), "--runs", str(args.runs)] + (["--device_io"] if device_io else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -217,7 +230,8 @@ def main() -> None:
     parser.add_argument("--binary", required=True, help="llm_generate")
     parser.add_argument("--peers", default=None,
                         help="comma-separated; default: kiln, kiln_persistent, kiln_persistent_LABEL for each "
-                             "persistent_decode_LABEL/ of the bundle, hf_eager, compile_ro")
+                             "persistent_decode_LABEL/ of the bundle, kiln_device and kiln_persistent_device when "
+                             "the bundle has device_io/ or persistent_device_io/, hf_eager, compile_ro")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1,
@@ -237,8 +251,8 @@ def main() -> None:
             if peer in kiln_peers:
                 kiln_program(args.bundle, manifest, peer)
             elif peer not in ("hf_eager", "compile_ro"):
-                raise ValueError(f"unknown peer {peer!r} (kiln, kiln_persistent, kiln_persistent_LABEL, hf_eager, "
-                                 "compile_ro)")
+                raise ValueError(f"unknown peer {peer!r} (kiln, kiln_persistent, kiln_persistent_LABEL, "
+                                 f"{', '.join(DEVICE_PEERS)}, hf_eager, compile_ro)")
         except ValueError as e:
             parser.error(str(e))
     ptd = args.bundle / manifest["ptd"]
@@ -276,7 +290,8 @@ def main() -> None:
                 continue
             print(f"llm_bench: {peer} (round {n + 1} of {args.rounds}) ...", flush=True)
             try:
-                rounds[peer].append(run_kiln(args, args.bundle, manifest, kiln_program(args.bundle, manifest, peer)))
+                rounds[peer].append(run_kiln(args, args.bundle, manifest, kiln_program(args.bundle, manifest, peer),
+                                             device_io=peer in DEVICE_PEERS))
             except Exception as e:
                 failed(peer, e)
     for peer, rs in rounds.items():

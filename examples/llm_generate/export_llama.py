@@ -36,9 +36,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 import kiln  # noqa: E402
 from kiln import _dynamic  # noqa: E402
 from kiln._options import parse_persistent_decode_options  # noqa: E402
+from export_device_resident import device_resident_config  # noqa: E402
 from llama_kv import DEFAULT_SEED, SIZES, KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -71,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-options", default="",
                    help="with --persistent-decode: the kernel's tuning options as name=value,... "
                         "(kiln.compile's persistent_decode_options, e.g. counted_rows=1,kv_rows=0)")
+    p.add_argument("--device-io", action="store_true",
+                   help="methods take and return CUDA tensors (ExecuTorch's device-resident I/O): "
+                        "llm_generate --device_io keeps the tokens on the GPU between steps")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.prompt_len < 1 or args.new_tokens < 1:
@@ -135,7 +140,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")
     pte = args.out / f"{stem}.pte"
     ptd = args.out / f"{stem}.ptd" if args.external_weights else None
-    kiln.save(compiled, pte, external_weights=ptd)
+    kiln.save(compiled, pte, external_weights=ptd,
+              backend_config=device_resident_config() if args.device_io else None)
     print(f"export_llama: wrote {pte} ({pte.stat().st_size / 2**20:.1f} MiB)"
           + (f" and {ptd} ({ptd.stat().st_size / 2**20:.1f} MiB)" if ptd else "")
           + f" in {time.time() - t0:.1f} s", flush=True)
@@ -143,7 +149,7 @@ def main(argv=None) -> None:
     manifest = {"size": args.size, "config": asdict(size), "dtype": args.dtype, "seed": args.seed,
                 "parameters": params, "prompt_len": p, "new_tokens": args.new_tokens, "max_len": args.max_len,
                 "logits": args.logits, "pte": pte.name, "ptd": ptd.name if ptd else None,
-                "prefill_sizes": prefill_sizes}
+                "prefill_sizes": prefill_sizes, "device_io": args.device_io}
     if args.reference:
         ref_lm = build_hf(args.size, args.seed, torch.float32)
         tokens = hf_greedy(ref_lm, prompt, args.new_tokens)

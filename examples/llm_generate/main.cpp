@@ -5,7 +5,10 @@
 //
 //   llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]
 //                [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]
-//                [--warmup W] [--runs R] [--force F]
+//                [--warmup W] [--runs R] [--force F] [--device_io]
+//
+// --device_io: the program was saved with device-resident I/O (export_llama.py --device-io); the
+// tokens stay on the GPU between steps and the host waits once a generation (device_loop.h).
 //
 // --force F (teacher forcing): decode step i is fed token i of F (ids, as --prompt) instead of the
 // token the program chose, so two programs (or a program and PyTorch) can be compared logit by
@@ -41,6 +44,8 @@
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/backend/options.h>
 
+#include "device_loop.h"
+
 namespace et = executorch::runtime;
 using executorch::aten::ScalarType;
 using executorch::extension::Module;
@@ -55,13 +60,14 @@ struct Flags {
   int new_tokens = 64;
   int warmup = 0, runs = 1;  // whole generations; timings are medians over `runs`
   bool cuda_graphs = true;
+  bool device_io = false;
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]\n"
                "                    [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]\n"
-               "                    [--warmup W] [--runs R] [--force F]\n");
+               "                    [--warmup W] [--runs R] [--force F] [--device_io]\n");
 }
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -85,6 +91,10 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--force" && value(&f->force)) continue;
     if (a == "--no_cuda_graphs") {
       f->cuda_graphs = false;
+      continue;
+    }
+    if (a == "--device_io") {
+      f->device_io = true;
       continue;
     }
     int* count = a == "--new_tokens" ? &f->new_tokens : a == "--warmup" ? &f->warmup : a == "--runs" ? &f->runs
@@ -277,6 +287,11 @@ int main(int argc, char** argv) {
     }
   }
   const std::vector<int64_t> chunk_sizes = prefill_sizes(module);
+  if (flags.device_io && !chunk_sizes.empty()) {
+    std::fprintf(stderr, "llm_generate: --device_io takes a program with a fixed prompt length (this one's "
+                         "prefill runs in chunks of get_prefill_sizes)\n");
+    return 2;
+  }
   if (chunk_sizes.empty() && static_cast<int64_t>(prompt.size()) != prompt_len) {
     std::fprintf(stderr, "llm_generate: the prompt has %zu tokens; this program's prefill takes exactly %lld "
                          "(get_prompt_len; export with --prefill-max for any length)\n", prompt.size(),
@@ -322,8 +337,43 @@ int main(int argc, char** argv) {
   Counters before, after;
   // Each generation starts over at position 0: prefill rewrites the cache's
   // first positions and the mask hides everything past the current one.
+  llm::DeviceLoop device_loop;
+  if (flags.device_io) {
+    if (std::string why = device_loop.prepare(module, prompt, flags.new_tokens, forced, logits != nullptr);
+        !why.empty()) {
+      std::fprintf(stderr, "llm_generate: --device_io: %s\n", why.c_str());
+      return 1;
+    }
+  }
+  std::vector<float> logit_rows;
   for (int run = 0; run < flags.warmup + flags.runs; ++run) {
     const bool last = run + 1 == flags.warmup + flags.runs;
+    if (flags.device_io) {  // the tokens stay on the GPU; the host waits after prefill and at the end
+      const auto t0 = clock::now();
+      std::string why = device_loop.prefill();
+      const auto t1 = clock::now();
+      if (last) before = read_counters();
+      for (int i = 1; i < flags.new_tokens && why.empty(); ++i) why = device_loop.decode(i);
+      if (why.empty()) why = device_loop.finish(&tokens, last && logits != nullptr ? &logit_rows : nullptr);
+      const auto t2 = clock::now();
+      if (!why.empty()) {
+        std::fprintf(stderr, "llm_generate: --device_io: %s\n", why.c_str());
+        return 1;
+      }
+      if (last) after = read_counters();
+      if (last && logits != nullptr) std::fwrite(logit_rows.data(), sizeof(float), logit_rows.size(), logits);
+      if (run >= flags.warmup) {
+        ttfts.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        decodes.push_back(std::chrono::duration<double>(t2 - t1).count());
+      }
+      if (run == 0) first_tokens = tokens;
+      if (tokens != first_tokens) {
+        std::fprintf(stderr, "llm_generate: generation %d gave other tokens than the first one: the cache or "
+                             "the engines are not deterministic\n", run + 1);
+        return 1;
+      }
+      continue;
+    }
     Generator gen(module, last ? logits : nullptr);
     tokens.clear();
     int64_t next = 0;

@@ -7,6 +7,7 @@ weight recipe rebuilds the .ptd byte for byte; and the C++ example checks
 its inputs and says plainly that it needs a GPU. (tests/gpu/
 llm_generate_test.py runs it on the GPU against HF greedy.)"""
 
+import json
 import os
 import subprocess
 import sys
@@ -161,3 +162,27 @@ def test_dynamic_prefill_lists_its_sizes_and_takes_any_prompt_length(tmp_path):
                          capture_output=True, text=True)
     assert "prompt 3 tokens" in run.stdout, run.stdout + run.stderr
     assert run.returncode == (0 if has_gpu() else 3), run.stderr
+    # The device-resident loop keeps fixed buffers, so it takes one prefill size only.
+    chunked = subprocess.run([str(BINARY), "--model", str(pte), "--prompt", "5,6,7", "--new_tokens", "4",
+                              "--device_io"], capture_output=True, text=True)
+    assert chunked.returncode == 2 and "--device_io takes a program with a fixed prompt length" in chunked.stderr
+
+
+def test_device_io_export_keeps_both_methods_on_the_gpu(tmp_path):
+    """--device-io: both methods take and return CUDA tensors (the delegates'
+    target_device), the manifest says so, and llm_generate --device_io checks
+    the program before it needs the GPU (tests/gpu/llm_generate_test.py runs it
+    there, expecting no host copies at all)."""
+    export_llama.main(["--size", "tiny", "--prompt-len", "6", "--new-tokens", "5", "--device-io",
+                       "--out", str(tmp_path)])
+    pte = tmp_path / "llama_tiny_float32.pte"
+    assert json.loads((tmp_path / "manifest.json").read_text())["device_io"] is True
+    text = describe(inspect_pte(pte))
+    assert text.count("target_device=cuda:0") == 2, text
+    if not BINARY.exists():
+        pytest.fail(f"llm_generate not built at {BINARY}; run scripts/setup.sh (or set KILN_BUILD_DIR)")
+    run = subprocess.run([str(BINARY), "--model", str(pte), "--prompt_file", str(tmp_path / "prompt.txt"),
+                          "--new_tokens", "5", "--device_io"], capture_output=True, text=True)
+    assert "prompt 6 tokens" in run.stdout, run.stdout + run.stderr
+    if not has_gpu():
+        assert run.returncode == 3 and "needs an NVIDIA GPU" in run.stderr
