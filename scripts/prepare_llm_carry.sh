@@ -12,22 +12,28 @@
 #                     llm_bench/persistent_decode/ with persistent_decode (sm_90 only)
 #                     llm_bench/persistent_decode_LABEL/ (with --decode-variants) the same
 #                     with the kernel options OPTS (options.txt), for llm_bench's A/B
+#                     llm_bench/device_io/, persistent_device_io/ (with --device-io) the
+#                     usual and persistent programs with device-resident I/O, for
+#                     llm_bench's kiln_device and kiln_persistent_device peers
 # Then, on the GPU machine: scripts/gpu_check.sh runs tests/gpu/llm_generate_test.py
 # on $carry/llm; scripts/gpu_llm.sh benchmarks $carry/llm_bench.
-# Usage: bash scripts/prepare_llm_carry.sh [--bench [--decode-variants "LABEL:OPTS LABEL:OPTS ..."]]
+# Usage: bash scripts/prepare_llm_carry.sh [--bench [--device-io] [--decode-variants "LABEL:OPTS LABEL:OPTS ..."]]
 #   (KILN_GPU_BUNDLE, default .gpu_carry), e.g. --decode-variants "kv0:kv_rows=0 l2:l2_prefetch=16"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=0
+device_io=0
 variants=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bench) bench=1 ;;
+    --device-io) device_io=1 ;;
     --decode-variants)
       [ $# -ge 2 ] || { echo "prepare_llm_carry.sh: --decode-variants needs \"LABEL:OPTS ...\"" >&2; exit 2; }
       read -r -a variants <<<"$2"
       shift ;;
-    *) echo "prepare_llm_carry.sh: unknown argument '$1' (--bench, --decode-variants \"LABEL:OPTS ...\")" >&2; exit 2 ;;
+    *) echo "prepare_llm_carry.sh: unknown argument '$1' (--bench, --device-io, --decode-variants \"LABEL:OPTS ...\")" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -37,8 +43,13 @@ for v in "${variants[@]}"; do  # checked before the long exports start
     echo "prepare_llm_carry.sh: --decode-variants item '$v': expected LABEL:name=int,... (LABEL of letters, digits, _)" >&2
     exit 2
   fi
+  if [ "$label" = device ]; then  # kiln_persistent_device is llm_bench's persistent_device_io/ peer
+    echo "prepare_llm_carry.sh: --decode-variants label 'device' is taken (llm_bench's kiln_persistent_device)" >&2
+    exit 2
+  fi
 done
 [ ${#variants[@]} -eq 0 ] || [ $bench = 1 ] || { echo "prepare_llm_carry.sh: --decode-variants needs --bench" >&2; exit 2; }
+[ $device_io = 0 ] || [ $bench = 1 ] || { echo "prepare_llm_carry.sh: --device-io needs --bench" >&2; exit 2; }
 if [ ${#variants[@]} -gt 0 ]; then  # the options' names and syntax, before the exports
   PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} python3 - "${variants[@]}" <<'EOF' || exit 2
 import sys
@@ -102,7 +113,18 @@ if [ $bench = 1 ]; then
     --external-weights --persistent-decode --target-sms 90 --out "$work/bench_persistent"
   mkdir -p "$carry/llm_bench/persistent_decode"
   cp "$work/bench_persistent/llama_bench_bfloat16.pte" "$carry/llm_bench/persistent_decode/"
-  rm -rf "$carry"/llm_bench/persistent_decode_*
+  rm -rf "$carry"/llm_bench/persistent_decode_* "$carry"/llm_bench/device_io "$carry"/llm_bench/persistent_device_io
+  if [ $device_io = 1 ]; then
+    for kind in device_io persistent_device_io; do
+      extra=(--device-io)
+      [ $kind = persistent_device_io ] && extra+=(--persistent-decode --target-sms 90)
+      echo "== bench, ${extra[*]} -> $carry/llm_bench/$kind"
+      python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
+        --external-weights "${extra[@]}" --out "$work/bench_$kind"
+      mkdir -p "$carry/llm_bench/$kind"
+      cp "$work/bench_$kind/llama_bench_bfloat16.pte" "$carry/llm_bench/$kind/"
+    done
+  fi
   for v in "${variants[@]}"; do
     label=${v%%:*} opts=${v#*:}
     echo "== bench, persistent_decode_options $opts -> $carry/llm_bench/persistent_decode_$label"

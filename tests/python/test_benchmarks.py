@@ -271,6 +271,11 @@ def test_llm_bench_variant_peers_and_rounds(tmp_path):
     (tmp_path / "persistent_decode_stray.txt").write_text("not a folder")
     assert llm_bench.default_peers(tmp_path) == ["kiln", "kiln_persistent", "kiln_persistent_counted",
                                                  "kiln_persistent_kv0", "hf_eager", "compile_ro"]
+    (tmp_path / "persistent_device_io").mkdir()  # device-resident I/O programs join when present
+    assert llm_bench.default_peers(tmp_path)[4:] == ["kiln_persistent_device", "hf_eager", "compile_ro"]
+    assert (llm_bench.kiln_program(tmp_path, manifest, "kiln_persistent_device")
+            == tmp_path / "persistent_device_io" / "m.pte")
+    assert llm_bench.kiln_program(tmp_path, manifest, "kiln_device") == tmp_path / "device_io" / "m.pte"
     assert llm_bench.kiln_program(tmp_path, manifest, "kiln") == tmp_path / "m.pte"
     assert llm_bench.kiln_program(tmp_path, manifest, "kiln_persistent") == tmp_path / "persistent_decode" / "m.pte"
     assert (llm_bench.kiln_program(tmp_path, manifest, "kiln_persistent_kv0")
