@@ -346,6 +346,19 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<float> logit_rows;
+  // A generation's times (prefill t0..t1, decode t1..t2) once past the warmup; false (with the
+  // reason printed) when its tokens differ from the first generation's.
+  auto record = [&](int run, clock::time_point t0, clock::time_point t1, clock::time_point t2) {
+    if (run >= flags.warmup) {
+      ttfts.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      decodes.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
+    if (run == 0) first_tokens = tokens;
+    if (tokens == first_tokens) return true;
+    std::fprintf(stderr, "llm_generate: generation %d gave other tokens than the first one: the cache or "
+                         "the engines are not deterministic\n", run + 1);
+    return false;
+  };
   for (int run = 0; run < flags.warmup + flags.runs; ++run) {
     const bool last = run + 1 == flags.warmup + flags.runs;
     if (flags.device_io) {  // the tokens stay on the GPU; the host waits after prefill and at the end
@@ -362,16 +375,7 @@ int main(int argc, char** argv) {
       }
       if (last) after = read_counters();
       if (last && logits != nullptr) std::fwrite(logit_rows.data(), sizeof(float), logit_rows.size(), logits);
-      if (run >= flags.warmup) {
-        ttfts.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        decodes.push_back(std::chrono::duration<double>(t2 - t1).count());
-      }
-      if (run == 0) first_tokens = tokens;
-      if (tokens != first_tokens) {
-        std::fprintf(stderr, "llm_generate: generation %d gave other tokens than the first one: the cache or "
-                             "the engines are not deterministic\n", run + 1);
-        return 1;
-      }
+      if (!record(run, t0, t1, t2)) return 1;
       continue;
     }
     Generator gen(module, last ? logits : nullptr);
@@ -402,16 +406,7 @@ int main(int argc, char** argv) {
     }
     const auto t2 = clock::now();
     if (last) after = read_counters();
-    if (run >= flags.warmup) {
-      ttfts.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      decodes.push_back(std::chrono::duration<double>(t2 - t1).count());
-    }
-    if (run == 0) first_tokens = tokens;
-    if (tokens != first_tokens) {
-      std::fprintf(stderr, "llm_generate: generation %d gave other tokens than the first one: the cache or "
-                           "the engines are not deterministic\n", run + 1);
-      return 1;
-    }
+    if (!record(run, t0, t1, t2)) return 1;
   }
   if (logits != nullptr) std::fclose(logits);
   auto median = [](std::vector<double> v) {
