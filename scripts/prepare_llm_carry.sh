@@ -5,6 +5,8 @@
 #                     weights as a recipe rebuilt from the seed on the GPU machine
 #   $carry/llm/fp32_dynamic  the same with a dynamic prompt length (prefill
 #                     compiled per size 2..64; a 37-token prompt in chunks)
+#   $carry/llm/fp32_device  the float32 program with device-resident I/O
+#                     (export_llama.py --device-io; run with llm_generate --device_io)
 #   $carry/llm/fp16   the same in float16, weights inside the .pte (xz)
 #   $carry/llm_bench  (with --bench) the 410M benchmark model, bfloat16,
 #                     prompt 512 + 256 new tokens, weights as a recipe;
@@ -87,6 +89,15 @@ python3 "$weights" pack --ptd "$work/fp32_dynamic/llama_small_float32.ptd" --siz
   --out "$carry/llm/fp32_dynamic/recipe"
 cp "$work"/fp32_dynamic/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
   "$carry/llm/fp32_dynamic/"
+
+echo "== small, float32, device-resident I/O (llm_generate --device_io) -> $carry/llm/fp32_device"
+rm -rf "$carry/llm/fp32_device" && mkdir -p "$carry/llm/fp32_device"
+python3 "$export_llama" --size small --dtype float32 --logits --reference --external-weights --device-io \
+  --out "$work/fp32_device"
+python3 "$weights" pack --ptd "$work/fp32_device/llama_small_float32.ptd" --size small --dtype float32 \
+  --out "$carry/llm/fp32_device/recipe"
+cp "$work"/fp32_device/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
+  "$carry/llm/fp32_device/"
 
 echo "== small, float16 -> $carry/llm/fp16"
 rm -rf "$carry/llm/fp16" && mkdir -p "$carry/llm/fp16"
