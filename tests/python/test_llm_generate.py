@@ -100,6 +100,41 @@ def test_decode_plan_is_fused(tmp_path, dtype):
     assert not {"cat", "neg", "slice_copy", "softmax", "bmm", "permute_copy", "expand_copy"} & set(labels), labels
 
 
+@pytest.mark.parametrize("shape", [
+    # head_dim 128 with one kv head (multi-query), an odd vocabulary
+    dict(hidden=256, intermediate=512, heads=2, kv_heads=1, vocab=1000),
+    # four query heads a kv head, an intermediate size that is no multiple of 64
+    dict(hidden=128, intermediate=344, heads=8, kv_heads=2, vocab=777),
+    # seven query heads a kv head (Qwen2.5-0.5B's ratio), hidden 224
+    dict(hidden=224, intermediate=608, heads=7, kv_heads=1, vocab=1001),
+])
+def test_other_llama_shapes_compile_whole(tmp_path, shape):
+    """Beyond the shapes the examples use (head_dim 16 and 64, two or three query heads a kv
+    head): other head sizes and grouped-query ratios compile whole, decode and a 5-token prefill
+    alike, the attention one step a layer reading the cache in place, argmax on the GPU."""
+    import kiln
+    from llama_kv import LlamaSize
+    from transformers import LlamaForCausalLM
+
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from hf_models import init_weights
+
+    size = LlamaSize(layers=2, **shape)
+    lm = init_weights(LlamaForCausalLM(size.hf_config()).eval(), 11).to(torch.bfloat16)
+    model = KVLlama(lm, 32).eval()
+    for t in (1, 5):
+        example = (torch.randint(1, size.vocab, (1, t), generator=torch.Generator().manual_seed(t)),
+                   torch.arange(3, 3 + t))
+        debug = tmp_path / f"t{t}"
+        compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=debug)
+        assert not compiled.summary.ops_on_cpu, (t, compiled.summary.ops_on_cpu)
+        plan = next(debug.glob("partition_0/*_lower.txt")).read_text()
+        labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
+        assert labels.count("attention") == size.layers, labels
+        assert labels[-1] == "argmax", labels
+        assert not {"cat", "slice_copy", "softmax", "bmm", "expand_copy"} & set(labels), labels
+
+
 def test_weight_recipe_rebuilds_the_ptd(exported, tmp_path):
     ptd = exported / "llama_tiny_float32.ptd"
     llm_weights.main(["pack", "--ptd", str(ptd), "--size", "tiny", "--dtype", "float32", "--out", str(tmp_path)])
