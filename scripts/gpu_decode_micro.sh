@@ -9,7 +9,7 @@
 #      eleventh-session option on), for its trace: where a layer's time goes with them.
 # A call has at most 600 s; the whole script stops itself at $KILN_MICRO_BUDGET seconds (default
 # 280) so that a short device allowance still brings its logs back.
-# Usage: bash scripts/gpu_decode_micro.sh   (writes $OUT/decode_micro_*.txt, else out/gpu)
+# Usage: KILN_COMMIT=<sha> bash scripts/gpu_decode_micro.sh   (writes $OUT/decode_micro_*.txt, else out/gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu}
@@ -18,7 +18,8 @@ budget=${KILN_MICRO_BUDGET:-280}
 args=${KILN_MICRO_ARGS:-8 2 1 64 512 1 16 1 1 0}
 mkdir -p "$out"
 SECONDS=0
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu_carry/COMMIT 2>/dev/null || echo unknown)
+# The GPU machine's copy of the tree may have no .git: KILN_COMMIT names the commit for the logs.
+commit=${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .gpu_carry/COMMIT 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)
 echo "commit $commit; $gpu"
 nvcc -O3 -arch=sm_90 -std=c++17 -Isrc -o /tmp/kiln_dlp benchmarks/micro/decode_layers_persistent.cu \
