@@ -2,6 +2,8 @@
 # Runs on the GPU machine, needing nothing carried (nvcc and NVRTC only, no ExecuTorch): the
 # persistent decode kernel's micro-benchmark (benchmarks/micro/decode_layers_persistent.cu), which
 # checks every variant against plain kernels before timing it.
+#   0. benchmarks/micro/stage_dot.cu (seconds): what binds the kernel's products on staged rows,
+#      shared-memory reads, issue or latency, and what an mma.sync GEMV would change (item 18);
 #   1. the engine's defaults (the hand-off variants crossing counted_rows, a_tasks, l2_prefetch,
 #      b_inflight, warp_rotary and warp_norm; the copies-in-flight caps; kv_rows 64 / 128 / by
 #      position at 512-1024; the weight stream alone with and without L2 prefetches; the trace);
@@ -25,7 +27,12 @@ echo "commit $commit; $gpu"
 nvcc -O3 -arch=sm_90 -std=c++17 -Isrc -o /tmp/kiln_dlp benchmarks/micro/decode_layers_persistent.cu \
   src/ops/decode_layers_kernel.cpp -lnvrtc >/tmp/kiln_dlp_build.txt 2>&1 ||
   { tail -30 /tmp/kiln_dlp_build.txt; cp /tmp/kiln_dlp_build.txt "$out/"; exit 1; }
+nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/kiln_sd benchmarks/micro/stage_dot.cu >>/tmp/kiln_dlp_build.txt 2>&1 ||
+  { tail -30 /tmp/kiln_dlp_build.txt; cp /tmp/kiln_dlp_build.txt "$out/"; exit 1; }
 echo "built in ${SECONDS}s"
+{ echo "== stage_dot  (commit $commit; $gpu)"; timeout 60 /tmp/kiln_sd 2>&1; echo "exit $? after ${SECONDS}s"; } >/tmp/stage_dot.txt
+cp /tmp/stage_dot.txt "$out/"
+grep -E "check|numerics|exit|cycles" /tmp/stage_dot.txt | head -24
 run() {  # name, seconds, arguments...
   local name=$1 limit=$2
   shift 2
