@@ -9,7 +9,8 @@
 #      CUDA-graph replay latency.
 # Usage: KILN_GPU_BUNDLE=.gpu_carry bash scripts/gpu_llm.sh [commit]
 #   KILN_LLM_PEERS (llm_bench's --peers; default every peer, the bundle's persistent_decode_LABEL/
-#   variants included), KILN_LLM_ROUNDS (--rounds: the Kiln peers in turn, each its rounds' median).
+#   variants included), KILN_LLM_ROUNDS (--rounds: the Kiln peers in turn, each its rounds' median),
+#   KILN_LLM_PROFILE=0 (the benchmark alone: no steps 2-3, for a call short of time).
 # Carries: $KILN_GPU_BUNDLE/llm_bench (export_llama.py --size bench
 # --external-weights, then llm_weights.py pack into llm_bench/recipe) and, unless
 # build-gpu is built, $KILN_GPU_BUNDLE/executorch_sdk (scripts/make_executorch_sdk.sh).
@@ -34,6 +35,10 @@ if [ ! -x "$bin" ] || [ ! -x "$runner" ]; then  # configured here too, so gpu_ch
 fi
 PYTHONUNBUFFERED=1 python3 benchmarks/llm_bench.py --bundle "$bundle" --binary "$bin" --out "$out" \
   --commit "$commit" ${KILN_LLM_PEERS:+--peers "$KILN_LLM_PEERS"} ${KILN_LLM_ROUNDS:+--rounds "$KILN_LLM_ROUNDS"} 2>&1 | grep -vE "^I |Warning|warn\(" | tail -40
+if [ "${KILN_LLM_PROFILE:-1}" = 0 ]; then  # the benchmark alone, for a call short of time
+  echo "KILN_LLM_PROFILE=0: no green-context fallback check, no step profiles"
+  exit 0
+fi
 read -r pte ptd < <(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['pte'], m['ptd'])" \
   "$bundle/manifest.json")
 # The persistent_decode program on a green context too small for its grid: its fallback engine
