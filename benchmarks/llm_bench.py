@@ -92,18 +92,24 @@ VARIANT_PREFIX = "kiln_persistent_"
 DEVICE_PEERS = {"kiln_device": "device_io", "kiln_persistent_device": "persistent_device_io"}
 
 
-def kiln_program(bundle: Path, manifest: dict, peer: str) -> Path:
-    """The .pte a Kiln peer runs: kiln, kiln_persistent, kiln_persistent_LABEL or a DEVICE_PEERS one."""
+def program_folder(peer: str) -> str:
+    """The bundle's folder of a Kiln peer's program ("" for the bundle itself): kiln, kiln_persistent,
+    kiln_persistent_LABEL (persistent_decode_LABEL/) or a DEVICE_PEERS one."""
     if peer == "kiln":
-        return bundle / manifest["pte"]
+        return ""
     if peer in DEVICE_PEERS:
-        return bundle / DEVICE_PEERS[peer] / manifest["pte"]
+        return DEVICE_PEERS[peer]
     if peer == "kiln_persistent":
-        return bundle / "persistent_decode" / manifest["pte"]
+        return "persistent_decode"
     if peer.startswith(VARIANT_PREFIX) and len(peer) > len(VARIANT_PREFIX):
-        return bundle / ("persistent_decode_" + peer[len(VARIANT_PREFIX):]) / manifest["pte"]
+        return "persistent_decode_" + peer[len(VARIANT_PREFIX):]
     raise ValueError(f"{peer!r} is not a Kiln peer (kiln, kiln_persistent, kiln_persistent_LABEL, "
                      f"{', '.join(DEVICE_PEERS)})")
+
+
+def kiln_program(bundle: Path, manifest: dict, peer: str) -> Path:
+    """The .pte a Kiln peer runs (program_folder)."""
+    return bundle / program_folder(peer) / manifest["pte"]
 
 
 def default_peers(bundle: Path) -> list[str]:
@@ -115,11 +121,11 @@ def default_peers(bundle: Path) -> list[str]:
 
 
 def variant_options(bundle: Path, peer: str) -> str:
-    """The persistent_decode_options a variant peer's program was exported with ('' if none recorded)."""
-    if not peer.startswith(VARIANT_PREFIX):
-        return ""
-    f = bundle / ("persistent_decode_" + peer[len(VARIANT_PREFIX):]) / "options.txt"
-    return f.read_text().strip() if f.exists() else ""
+    """The persistent_decode_options a Kiln peer's program was exported with, from its folder's
+    options.txt ('' if none recorded)."""
+    folder = program_folder(peer)
+    f = bundle / folder / "options.txt"
+    return f.read_text().strip() if folder and f.exists() else ""
 
 
 def combine_rounds(rounds: list[dict]) -> dict:
