@@ -24,11 +24,13 @@ SECONDS=0
 commit=${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .gpu_carry/COMMIT 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)
 echo "commit $commit; $gpu"
-nvcc -O3 -arch=sm_90 -std=c++17 -Isrc -o /tmp/kiln_dlp benchmarks/micro/decode_layers_persistent.cu \
-  src/ops/decode_layers_kernel.cpp -lnvrtc >/tmp/kiln_dlp_build.txt 2>&1 ||
-  { tail -30 /tmp/kiln_dlp_build.txt; cp /tmp/kiln_dlp_build.txt "$out/"; exit 1; }
-nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/kiln_sd benchmarks/micro/stage_dot.cu >>/tmp/kiln_dlp_build.txt 2>&1 ||
-  { tail -30 /tmp/kiln_dlp_build.txt; cp /tmp/kiln_dlp_build.txt "$out/"; exit 1; }
+: >/tmp/kiln_micro_build.txt
+build() {  # nvcc arguments; a failure stops the call with the log
+  nvcc -O3 -arch=sm_90 -std=c++17 "$@" >>/tmp/kiln_micro_build.txt 2>&1 ||
+    { tail -30 /tmp/kiln_micro_build.txt; cp /tmp/kiln_micro_build.txt "$out/"; exit 1; }
+}
+build -Isrc -o /tmp/kiln_dlp benchmarks/micro/decode_layers_persistent.cu src/ops/decode_layers_kernel.cpp -lnvrtc
+build -o /tmp/kiln_sd benchmarks/micro/stage_dot.cu
 echo "built in ${SECONDS}s"
 { echo "== stage_dot  (commit $commit; $gpu)"; timeout 60 /tmp/kiln_sd 2>&1; echo "exit $? after ${SECONDS}s"; } >/tmp/stage_dot.txt
 cp /tmp/stage_dot.txt "$out/"
