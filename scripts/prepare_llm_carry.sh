@@ -73,31 +73,22 @@ trap 'rm -rf "$work"' EXIT
 export_llama=examples/llm_generate/export_llama.py
 weights=examples/llm_generate/llm_weights.py
 
-echo "== small, float32 -> $carry/llm/fp32"
-rm -rf "$carry/llm/fp32" && mkdir -p "$carry/llm/fp32"
-python3 "$export_llama" --size small --dtype float32 --logits --reference --external-weights --out "$work/fp32"
-python3 "$weights" pack --ptd "$work/fp32/llama_small_float32.ptd" --size small --dtype float32 \
-  --out "$carry/llm/fp32/recipe"
-cp "$work"/fp32/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
-  "$carry/llm/fp32/"
-
-echo "== small, float32, dynamic prompt length (37 tokens as chunks 32 + 4 + 1) -> $carry/llm/fp32_dynamic"
-rm -rf "$carry/llm/fp32_dynamic" && mkdir -p "$carry/llm/fp32_dynamic"
-python3 "$export_llama" --size small --dtype float32 --prompt-len 37 --prefill-max 64 --logits --reference \
-  --external-weights --out "$work/fp32_dynamic"
-python3 "$weights" pack --ptd "$work/fp32_dynamic/llama_small_float32.ptd" --size small --dtype float32 \
-  --out "$carry/llm/fp32_dynamic/recipe"
-cp "$work"/fp32_dynamic/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
-  "$carry/llm/fp32_dynamic/"
-
-echo "== small, float32, device-resident I/O (llm_generate --device_io) -> $carry/llm/fp32_device"
-rm -rf "$carry/llm/fp32_device" && mkdir -p "$carry/llm/fp32_device"
-python3 "$export_llama" --size small --dtype float32 --logits --reference --external-weights --device-io \
-  --out "$work/fp32_device"
-python3 "$weights" pack --ptd "$work/fp32_device/llama_small_float32.ptd" --size small --dtype float32 \
-  --out "$carry/llm/fp32_device/recipe"
-cp "$work"/fp32_device/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
-  "$carry/llm/fp32_device/"
+# small_fp32 NAME TITLE EXPORT_ARGS...: the small model in float32 with logits and HF's reference,
+# its weights as a recipe -> $carry/llm/NAME
+small_fp32() {
+  local name=$1 title=$2
+  shift 2
+  echo "== small, float32$title -> $carry/llm/$name"
+  rm -rf "$carry/llm/$name" && mkdir -p "$carry/llm/$name"
+  python3 "$export_llama" --size small --dtype float32 --logits --reference --external-weights "$@" --out "$work/$name"
+  python3 "$weights" pack --ptd "$work/$name/llama_small_float32.ptd" --size small --dtype float32 \
+    --out "$carry/llm/$name/recipe"
+  cp "$work/$name"/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
+    "$carry/llm/$name/"
+}
+small_fp32 fp32 ""
+small_fp32 fp32_dynamic ", dynamic prompt length (37 tokens as chunks 32 + 4 + 1)" --prompt-len 37 --prefill-max 64
+small_fp32 fp32_device ", device-resident I/O (llm_generate --device_io)" --device-io
 
 echo "== small, float16 -> $carry/llm/fp16"
 rm -rf "$carry/llm/fp16" && mkdir -p "$carry/llm/fp16"
@@ -106,43 +97,34 @@ xz -T2 -c "$work/fp16/llama_small_float16.pte" >"$carry/llm/fp16/llama_small_flo
 cp "$work"/fp16/{manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} "$carry/llm/fp16/"
 
 if [ $bench = 1 ]; then
+  bench_args=(--size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 --external-weights)
   echo "== bench, bfloat16 -> $carry/llm_bench"
   rm -rf "$carry/llm_bench" && mkdir -p "$carry/llm_bench"
-  python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
-    --external-weights --out "$work/bench"
+  python3 "$export_llama" "${bench_args[@]}" --out "$work/bench"
   python3 "$weights" pack --ptd "$work/bench/llama_bench_bfloat16.ptd" --size bench --dtype bfloat16 \
     --out "$carry/llm_bench/recipe"
   cp "$work"/bench/{llama_bench_bfloat16.pte,manifest.json,prompt.txt} "$carry/llm_bench/"
-  # The same program with overlap_launches=False (same weights, same .ptd), for
-  # gpu_llm.sh's A/B of programmatic dependent launch.
-  python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
-    --external-weights --no-overlap-launches --out "$work/bench_classic"
-  mkdir -p "$carry/llm_bench/classic_launch"
-  cp "$work/bench_classic/llama_bench_bfloat16.pte" "$carry/llm_bench/classic_launch/"
-  # The same model with the decode layers as one persistent kernel (sm_90 only); same weights.
-  python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
-    --external-weights --persistent-decode --target-sms 90 --out "$work/bench_persistent"
-  mkdir -p "$carry/llm_bench/persistent_decode"
-  cp "$work/bench_persistent/llama_bench_bfloat16.pte" "$carry/llm_bench/persistent_decode/"
-  rm -rf "$carry"/llm_bench/persistent_decode_* "$carry"/llm_bench/device_io "$carry"/llm_bench/persistent_device_io
+  # bench_program DIR EXPORT_ARGS...: the same model exported otherwise, its program alone (same
+  # weights, same .ptd) -> $carry/llm_bench/DIR
+  bench_program() {
+    local dir=$1
+    shift
+    echo "== bench, $* -> $carry/llm_bench/$dir"
+    python3 "$export_llama" "${bench_args[@]}" "$@" --out "$work/bench_$dir"
+    mkdir -p "$carry/llm_bench/$dir"
+    cp "$work/bench_$dir/llama_bench_bfloat16.pte" "$carry/llm_bench/$dir/"
+  }
+  # overlap_launches=False, for gpu_llm.sh's A/B of programmatic dependent launch
+  bench_program classic_launch --no-overlap-launches
+  # the decode layers as one persistent kernel (sm_90 only)
+  bench_program persistent_decode --persistent-decode --target-sms 90
   if [ $device_io = 1 ]; then
-    for kind in device_io persistent_device_io; do
-      extra=(--device-io)
-      [ $kind = persistent_device_io ] && extra+=(--persistent-decode --target-sms 90)
-      echo "== bench, ${extra[*]} -> $carry/llm_bench/$kind"
-      python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
-        --external-weights "${extra[@]}" --out "$work/bench_$kind"
-      mkdir -p "$carry/llm_bench/$kind"
-      cp "$work/bench_$kind/llama_bench_bfloat16.pte" "$carry/llm_bench/$kind/"
-    done
+    bench_program device_io --device-io
+    bench_program persistent_device_io --device-io --persistent-decode --target-sms 90
   fi
   for v in "${variants[@]}"; do
     label=${v%%:*} opts=${v#*:}
-    echo "== bench, persistent_decode_options $opts -> $carry/llm_bench/persistent_decode_$label"
-    python3 "$export_llama" --size bench --dtype bfloat16 --prompt-len 512 --new-tokens 256 --max-len 768 \
-      --external-weights --persistent-decode --target-sms 90 --decode-options "$opts" --out "$work/bench_$label"
-    mkdir -p "$carry/llm_bench/persistent_decode_$label"
-    cp "$work/bench_$label/llama_bench_bfloat16.pte" "$carry/llm_bench/persistent_decode_$label/"
+    bench_program "persistent_decode_$label" --persistent-decode --target-sms 90 --decode-options "$opts"
     echo "$opts" >"$carry/llm_bench/persistent_decode_$label/options.txt"
   done
 fi
