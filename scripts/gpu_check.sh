@@ -87,7 +87,8 @@ fi
 pyrt_failed=0
 if [ -f "$bundle/python_runtime/manifest.json" ] && [ -f build-gpu/src/c_api/libkiln_c_api.so ]; then
   KILN_RUNTIME_LIBRARY="$PWD/build-gpu/src/c_api/libkiln_c_api.so" PYTHONUNBUFFERED=1 \
-    python3 tests/gpu/python_runtime_test.py --files "$bundle/python_runtime" 2>&1 | grep -vE "^I " |
+    python3 tests/gpu/python_runtime_test.py --files "$bundle/python_runtime" \
+      $([ -f "$bundle/state/manifest.json" ] && echo --state "$bundle/state") 2>&1 | grep -vE "^I " |
     tee "$out/python_runtime.log"
   [ "${PIPESTATUS[0]}" = 0 ] || pyrt_failed=1
 else

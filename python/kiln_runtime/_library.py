@@ -70,6 +70,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         "kiln_gpu_available": (c.c_int, [c.POINTER(c.c_char_p)]),
         "kiln_program_load": (status, [c.c_char_p, c.c_char_p, c.POINTER(void_p)]),
         "kiln_program_destroy": (None, [void_p]),
+        "kiln_program_set_state_scope": (status, [void_p, c.c_char_p]),
         "kiln_program_num_methods": (status, [void_p, size_p]),
         "kiln_program_method_name": (status, [void_p, c.c_size_t, c.POINTER(c.c_char_p)]),
         "kiln_method_open": (status, [void_p, c.c_char_p, c.POINTER(void_p)]),

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _dlpack, _library
+from . import _dlpack, _errors, _library
 from ._errors import KilnRuntimeError
 
 # kiln_dtype (ExecuTorch ScalarType numbers) <-> names and numpy dtypes.
@@ -58,9 +58,17 @@ def _info(raw: _library.KilnTensorInfo) -> TensorInfo:
 class Program:
     """A loaded .pte (memory-mapped and verified; no GPU needed to load it or
     read its methods' signatures). `data_path`: the .ptd of a program saved
-    with external weights."""
+    with external weights.
 
-    def __init__(self, path: str | os.PathLike, data_path: str | os.PathLike | None = None):
+    `state_scope`: where the program's mutable state (a language model's KV
+    cache) lives. The cache is one buffer per GPU, model and scope: Programs
+    of one model in the same scope ("" by default) share it, so two concurrent
+    generations each need a scope of their own ("session-1", "session-2");
+    the weights are shared whatever the scope. At most 255 printable ASCII
+    characters."""
+
+    def __init__(self, path: str | os.PathLike, data_path: str | os.PathLike | None = None, *,
+                 state_scope: str = ""):
         self._lib = _library.lib()
         self.path = str(path)
         handle = ctypes.c_void_p()
@@ -68,6 +76,12 @@ class Program:
                                                    None if data_path is None else os.fsencode(data_path),
                                                    ctypes.byref(handle)))
         self._handle = handle
+        self.state_scope = state_scope
+        if state_scope:
+            if not isinstance(state_scope, str) or "\0" in state_scope:
+                raise KilnRuntimeError(f"state_scope must be a str without NUL characters, got {state_scope!r}",
+                                               _errors.INVALID_ARGUMENT)
+            _library.check(self._lib.kiln_program_set_state_scope(handle, state_scope.encode("utf-8")))
         count = ctypes.c_size_t()
         _library.check(self._lib.kiln_program_num_methods(handle, ctypes.byref(count)))
         names = []

@@ -19,6 +19,9 @@
 
 namespace kiln::c_api {
 
+// The name the Kiln delegate registers under (its load options are keyed by it).
+constexpr const char* kKilnBackendName = "KilnBackend";
+
 // Sets this thread's last error and returns `status`.
 kiln_status fail(kiln_status status, std::string message);
 // Clears this thread's last error and returns KILN_OK.
@@ -37,6 +40,8 @@ struct ProgramState {
   std::string path;
   std::vector<std::string> method_names;  // sorted
   std::vector<uint8_t> flatbuffer;        // for the I/O devices (program_check.h)
+  std::string state_scope;                // the KilnBackend load option for its methods
+  std::string first_loaded;               // the first method loaded ("": none yet)
   std::mutex mutex;
   // Handles opened on one method share its state (and its inputs and outputs).
   std::unordered_map<std::string, std::weak_ptr<MethodState>> methods;

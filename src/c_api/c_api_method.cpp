@@ -125,7 +125,16 @@ kiln_status load(MethodState& ms) {
   if (!meta.ok()) return fail(KILN_ERROR_LOAD, "cannot read method '" + ms.name + "': " + et_error(meta.error()));
   if (std::string why = kiln::tools::check_planned_memory(*meta, kiln::tools::physical_memory_bytes()); !why.empty())
     return fail(KILN_ERROR_LOAD, "cannot load method '" + ms.name + "': " + why);
-  et::Error error = ps.module->load_method(ms.name);
+  // The state scope travels as KilnBackend's load option (backend_options.h).
+  et::BackendOptions<1> scope_option;
+  et::LoadBackendOptionsMap load_options;
+  if (!ps.state_scope.empty() &&
+      (scope_option.set_option("state_scope", ps.state_scope.c_str()) != et::Error::Ok ||
+       load_options.set_options(kKilnBackendName, scope_option.view()) != et::Error::Ok))
+    return fail(KILN_ERROR_LOAD, "cannot load method '" + ms.name + "': its state scope does not fit a load option");
+  et::Error error = ps.module->load_method(ms.name, nullptr, nullptr,
+                                           ps.state_scope.empty() ? nullptr : &load_options);
+  if (error == et::Error::Ok && ps.first_loaded.empty()) ps.first_loaded = ms.name;
   if (error != et::Error::Ok)
     return fail(KILN_ERROR_LOAD, "cannot load method '" + ms.name + "' of '" + ps.path + "': " + et_error(error) +
                                      " (ExecuTorch's log line above says why)");

@@ -1,6 +1,7 @@
 // Programs and method metadata: everything here works without a GPU.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <sys/stat.h>
 
@@ -9,6 +10,7 @@
 #include <executorch/runtime/platform/runtime.h>
 
 #include "c_api_internal.h"
+#include "delegate/backend_options.h"
 #include "gpu_probe.h"      // tools/kiln_runner (kiln_runner_support)
 #include "program_check.h"  // tools/kiln_runner (kiln_runner_support)
 
@@ -19,8 +21,6 @@ namespace kiln::c_api {
 namespace {
 
 thread_local std::string t_last_error;
-
-constexpr const char* kKilnBackendName = "KilnBackend";
 
 const char* device_words(int32_t type) { return type == KILN_DEVICE_CUDA ? "CUDA device" : "the CPU"; }
 
@@ -191,6 +191,23 @@ kiln_status kiln_program_method_name(const kiln_program* program, size_t index, 
     return fail(KILN_ERROR_INVALID_ARGUMENT, "method index " + std::to_string(index) + " out of range (the program has " +
                                                  std::to_string(program->state->method_names.size()) + ")");
   *out = program->state->method_names[index].c_str();
+  return ok();
+}
+
+kiln_status kiln_program_set_state_scope(kiln_program* program, const char* scope) {
+  if (program == nullptr || scope == nullptr)
+    return fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_program_set_state_scope: NULL argument");
+  ProgramState& ps = *program->state;
+  std::string text;
+  kiln::Status status = kiln::delegate::check_state_scope(scope, std::strlen(scope) + 1, &text);
+  if (!status.is_ok())
+    return fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_program_set_state_scope: " + status.message());
+  std::lock_guard<std::mutex> lock(ps.mutex);
+  if (!ps.first_loaded.empty() && text != ps.state_scope)
+    return fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_program_set_state_scope: method '" + ps.first_loaded + "' of '" +
+                                                 ps.path + "' is loaded in state scope '" + ps.state_scope +
+                                                 "' already; set the scope before loading any method");
+  ps.state_scope = std::move(text);
   return ok();
 }
 

@@ -11,6 +11,10 @@
 // they win over the process defaults for that load):
 //   use_cuda_graphs     bool
 //   use_shared_engines  bool
+//   state_scope         string  default ""  the scope of the load's mutable states (a KV cache):
+//                       loads of one model in one scope share one cache on a GPU; loads in
+//                       different scopes (two concurrent generations) each get their own.
+//                       At most 255 printable ASCII characters. Weights are shared regardless.
 // Read-only counters for get_option (int, totals over every handle in the
 // process, saturating at INT_MAX): h2d_copies, d2h_copies, h2d_bytes and
 // d2h_bytes (what those copies moved: a decode step moves its token and
@@ -40,6 +44,7 @@ struct ProcessOptions {
 struct LoadOptions {
   std::optional<bool> use_cuda_graphs;
   std::optional<bool> use_shared_engines;
+  std::string state_scope;  // "" : the default scope
 };
 
 // Counter values get_option reports.
@@ -63,10 +68,18 @@ struct CounterValues {
 Status parse_set_options(executorch::runtime::Span<const executorch::runtime::BackendOption> options,
                          const ProcessOptions& current, ProcessOptions* out);
 
-// The same for load-time options (fewer keys: scratch sharing is process-wide).
+// The same for load-time options (scratch sharing is process-wide; state_scope is load-only).
 Status parse_load_options(
     executorch::runtime::Span<const executorch::runtime::BackendOption> options,
     LoadOptions* out);
+
+// The longest state scope: what a BackendOption's string value holds.
+constexpr size_t kMaxStateScopeLength = executorch::runtime::kMaxOptionValueLength - 1;
+
+// Checks a state scope's text, at most `capacity` bytes at `text` (NUL-terminated within them,
+// at most kMaxStateScopeLength characters, printable ASCII: it appears in log lines), and
+// copies it to *out. "" is the default scope. kInvalidArgument names the problem.
+Status check_state_scope(const char* text, size_t capacity, std::string* out);
 
 // Fills the value of each requested key (settings as bool, counters as int).
 // Unknown or duplicated keys fail before anything is written.

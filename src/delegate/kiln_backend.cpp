@@ -163,7 +163,7 @@ kiln::Status load_variant(et::BackendInitContext& context, const engine::Variant
   NamedDataSource source(named_data);
   Result<std::shared_ptr<const runtime::Engine>> loaded = runtime::load_engine_shared(
       blob.data, blob.size, device, /*options_key=*/0, share,
-      named_data != nullptr ? &source : nullptr, &load_stats);
+      named_data != nullptr ? &source : nullptr, &load_stats, load.state_scope);
   if (!loaded.is_ok()) return loaded.status();
   std::shared_ptr<const runtime::Engine> shared = std::move(loaded).value();
   const size_t n_inputs = shared->num_inputs(), n_outputs = shared->num_outputs();
@@ -210,6 +210,10 @@ kiln::Status load_variant(et::BackendInitContext& context, const engine::Variant
       shared->derived_weights_bytes() > 0
           ? " + " + std::to_string(shared->derived_weights_bytes()) + " bytes made from them at load"
           : std::string();
+  if (!shared->desc().states.empty())
+    ET_LOG(Info, "KilnBackend: method '%s': %zu mutable state(s) (a KV cache) in state scope '%s'%s", method,
+           shared->desc().states.size(), load.state_scope.c_str(),
+           load.state_scope.empty() ? " (the default: shared by every load of this model on this GPU)" : "");
   ET_LOG(Info,
          "KilnBackend: loaded engine for method '%s': %zu steps, %zu inputs, %zu outputs, "
          "%zu bytes of weights (%s)%s, %zu-byte arena (%s), CUDA graphs %s (%s), on GPU %d "

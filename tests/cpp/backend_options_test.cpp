@@ -139,6 +139,54 @@ TEST(BackendOptions, LoadOptionsTakeTwoKeys) {
       << s.message();
 }
 
+TEST(BackendOptions, StateScopeIsALoadOptionString) {
+  LoadOptions out;
+  std::vector<et::BackendOption> v = {make_string("state_scope", "session-2")};
+  ASSERT_TRUE(kiln::delegate::parse_load_options(view(v), &out).is_ok());
+  EXPECT_EQ(out.state_scope, "session-2");
+  LoadOptions none;
+  ASSERT_TRUE(kiln::delegate::parse_load_options(view({}), &none).is_ok());
+  EXPECT_EQ(none.state_scope, "");  // the default scope
+
+  // A bool where a string belongs.
+  std::vector<et::BackendOption> as_bool = {make("state_scope", true)};
+  kiln::Status s = kiln::delegate::parse_load_options(view(as_bool), &out);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'state_scope' expects a string, got bool"), std::string::npos) << s.message();
+  // A string where a bool belongs.
+  std::vector<et::BackendOption> graphs_text = {make_string("use_cuda_graphs", "true")};
+  s = kiln::delegate::parse_load_options(view(graphs_text), &out);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'use_cuda_graphs' expects a bool, got string"), std::string::npos) << s.message();
+
+  // 256 bytes with no NUL, and a control character: refused, naming the problem.
+  et::BackendOption full = make_string("state_scope", "");
+  std::get<std::array<char, et::kMaxOptionValueLength>>(full.value).fill('a');
+  s = kiln::delegate::parse_load_options(view({full}), &out);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("load option 'state_scope': a state scope is at most 255 characters; this one has no end within 256 bytes"), std::string::npos) << s.message();
+  s = kiln::delegate::parse_load_options(view({make_string("state_scope", "a\nb")}), &out);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("byte 0x0a at 1"), std::string::npos) << s.message();
+  // 255 characters is the longest scope.
+  et::BackendOption longest = make_string("state_scope", std::string(255, 'z').c_str());
+  ASSERT_TRUE(kiln::delegate::parse_load_options(view({longest}), &out).is_ok());
+  EXPECT_EQ(out.state_scope.size(), 255u);
+
+  // Not a process-wide setting: set_option and get_option refuse it by name.
+  ProcessOptions process;
+  s = kiln::delegate::parse_set_options(view(v), ProcessOptions{}, &process);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("set_option: 'state_scope' is a load option only"), std::string::npos)
+      << s.message();
+  std::vector<et::BackendOption> get = {make_string("state_scope", "")};
+  s = kiln::delegate::fill_get_options(et::Span<et::BackendOption>(get.data(), get.size()), process,
+                                       CounterValues{});
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("get_option: 'state_scope' is a load option only"), std::string::npos)
+      << s.message();
+}
+
 TEST(BackendOptions, GetFillsSettingsAndCounters) {
   std::vector<et::BackendOption> v = {make("use_shared_engines", false),
                                       make("h2d_copies", false), make("graph_launches", false)};

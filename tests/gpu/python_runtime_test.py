@@ -11,7 +11,9 @@ Plus: the package runs a model with no torch imported, a CUDA tensor given to
 a host-I/O program and a host array given to a device-resident one are
 refused with messages naming the input, and a stale DeviceArray raises. A
 program with a batch Dim (one engine per size bucket) runs every bucket, up
-and back down, against PyTorch, and refuses a size with no engine.
+and back down, against PyTorch, and refuses a size with no engine. With
+--state (tests/gpu/export_state_test.py's files): two Programs of one model
+in different state scopes keep separate KV caches, and two in one scope share.
 Tolerance: rel_err = ||out - ref|| / ||ref|| <= rtol (1e-5 float32, 1e-2 float16).
 
     python3 tests/gpu/python_runtime_test.py --files .gpu_carry/python_runtime
@@ -184,9 +186,37 @@ def run_dynamic(entry, files: Path) -> None:
             report(True, f"{name}: batch {size} ({why}) refused: {e}")
 
 
+def run_state_scopes(files: Path) -> None:
+    """Program(state_scope=...): scope "a" runs every step of export_state_test's decoder, then
+    scope "b" runs them from its own empty cache (a shared cache would hold a's rows, and every
+    step reads the whole cache); a second Program in scope "a" sees a's cache (its rerun of the
+    last step rewrites that slot with the same values)."""
+    from reference_groups import tensor_file
+
+    manifest = json.loads((files / "manifest.json").read_text())
+    steps, rtol = manifest["steps"], manifest["rtol"]
+
+    def run(method, t: int) -> float:
+        inputs = [np.asarray(v) for v in tensor_file.load(files / f"step_{t}.inputs.ktensors")]
+        (expected,) = tensor_file.load(files / f"step_{t}.expected.ktensors")
+        return rel_err(method.execute(inputs)[0], np.asarray(expected))
+
+    pte = files / manifest["pte"]
+    a = kr.Program(pte, state_scope="py-scope-a").method()
+    b = kr.Program(pte, state_scope="py-scope-b").method()
+    errs_a = [run(a, t) for t in range(steps)]
+    errs_b = [run(b, t) for t in range(steps)]
+    report(max(errs_a) <= rtol, f"state scope a: {steps} steps match PyTorch (worst rel_err {max(errs_a):.2e})")
+    report(max(errs_b) <= rtol, f"state scope b after a: {steps} steps from its own empty cache match PyTorch "
+                                f"(worst rel_err {max(errs_b):.2e})")
+    again = run(kr.Program(pte, state_scope="py-scope-a").method(), steps - 1)
+    report(again <= rtol, f"a second Program in scope a shares a's cache (rel_err {again:.2e})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=Path, required=True)
+    parser.add_argument("--state", type=Path, help="export_state_test.py's files: check Program(state_scope=...)")
     args = parser.parse_args()
     print(f"kiln_runtime library: {kr.library_path()}")
     available, reason = kr.gpu_available()
@@ -202,6 +232,11 @@ def main() -> int:
             (run_dynamic if entry.get("dynamic") else run_model)(entry, args.files)
         except Exception as e:  # one model's failure is reported, the others still run
             report(False, f"{entry['name']}: {type(e).__name__}: {e}")
+    if args.state is not None:
+        try:
+            run_state_scopes(args.state)
+        except Exception as e:
+            report(False, f"state scopes: {type(e).__name__}: {e}")
     print(f"python runtime: {len(FAILED)} failed" if FAILED else "python runtime: all passed")
     return 1 if FAILED else 0
 

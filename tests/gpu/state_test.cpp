@@ -31,6 +31,19 @@ using kiln::tools::HostTensor;
 
 using kiln::gpu_test::report;
 
+// `pte`'s forward loaded with the KilnBackend load option state_scope=`scope`; nullptr when
+// the load fails.
+std::unique_ptr<Module> load_in_scope(const std::string& pte, const char* scope) {
+  auto module = std::make_unique<Module>(pte, Module::LoadMode::Mmap);
+  et::BackendOptions<1> opts;
+  et::LoadBackendOptionsMap map;
+  if (opts.set_option("state_scope", scope) != et::Error::Ok ||
+      map.set_options("KilnBackend", opts.view()) != et::Error::Ok || module->load(map) != et::Error::Ok ||
+      module->load_method("forward", nullptr, nullptr, &module->backend_options()) != et::Error::Ok)
+    return nullptr;
+  return module;
+}
+
 // Runs step `t` of `dir` through `module`; its rel_err against PyTorch, or -1.
 double run_step(Module& module, const std::string& dir, int t) {
   auto in = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".inputs.ktensors");
@@ -91,5 +104,24 @@ int main(int argc, char** argv) {
   const double again = second.load_method("forward") == et::Error::Ok ? run_step(second, dir, steps - 1) : -1;
   std::snprintf(line, sizeof(line), "a second module of the file sees the same cache (rel_err %.2e)", again);
   report(again >= 0 && again <= rtol, line);
+
+  // Another state scope: a cache of its own, from zeros.
+  std::unique_ptr<Module> isolated = load_in_scope(dir + "/decoder.pte", "isolated");
+  const double e0 = isolated ? run_step(*isolated, dir, 0) : -1;
+  const double e1 = isolated ? run_step(*isolated, dir, 1) : -1;
+  std::snprintf(line, sizeof(line),
+                "a module loaded with state_scope \"isolated\" starts from its own empty cache (steps 0 "
+                "and 1: rel_err %.2e, %.2e)", e0, e1);
+  report(e0 >= 0 && e0 <= rtol && e1 >= 0 && e1 <= rtol, line);
+  std::unique_ptr<Module> isolated2 = load_in_scope(dir + "/decoder.pte", "isolated");
+  const double e1_again = isolated2 ? run_step(*isolated2, dir, 1) : -1;
+  std::snprintf(line, sizeof(line), "a second module in scope \"isolated\" shares that cache (rel_err %.2e)",
+                e1_again);
+  report(e1_again >= 0 && e1_again <= rtol, line);
+  const double first_again = run_step(module, dir, steps - 1);
+  std::snprintf(line, sizeof(line),
+                "the default scope's cache is untouched by the isolated scope's writes (rel_err %.2e)",
+                first_again);
+  report(first_again >= 0 && first_again <= rtol, line);
   return kiln::gpu_test::failures() == 0 ? 0 : 1;
 }

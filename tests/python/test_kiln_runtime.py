@@ -9,6 +9,7 @@ needs a GPU: tests/gpu/python_runtime_test.py does it on the GPU machine."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,30 @@ def test_missing_and_damaged_files(tmp_path, kiln_ptes):
 def test_unknown_method(cpu_pte):
     with pytest.raises(kr.KilnRuntimeError, match=r"has no method 'decode' \(it has: forward\)"):
         kr.Program(cpu_pte).method("decode")
+
+
+def test_state_scope_is_checked_and_fixed_once_a_method_loads(cpu_pte):
+    """Program(state_scope=...) (kiln_program_set_state_scope, the KilnBackend load option
+    state_scope): a bad scope is refused naming the problem; once a method is loaded the scope
+    cannot change. That scopes keep caches apart runs on the GPU (tests/gpu/state_test.cpp,
+    tests/gpu/python_runtime_test.py --state)."""
+    assert kr.Program(cpu_pte, state_scope="session-1").state_scope == "session-1"
+    assert kr.Program(cpu_pte, state_scope="z" * 255).state_scope == "z" * 255
+    bad = {"a\nb": "byte 0x0a at 1; a scope is printable ASCII",
+           "z" * 300: "at most 255 characters, got 300",
+           "caf\u00e9": "byte 0xc3 at 3",
+           "a\0b": "without NUL characters"}
+    for scope, message in bad.items():
+        with pytest.raises(kr.KilnRuntimeError, match=re.escape(message)) as e:
+            kr.Program(cpu_pte, state_scope=scope)
+        assert e.value.status == 1  # KILN_ERROR_INVALID_ARGUMENT
+    program = kr.Program(cpu_pte)
+    program.method().load()
+    lib = program._lib
+    assert lib.kiln_program_set_state_scope(program._handle, b"") == 0  # the scope it has: fine
+    assert lib.kiln_program_set_state_scope(program._handle, b"later") == 1
+    assert re.search(r"method 'forward' of '.*add_reduce.pte' is loaded in state scope '' already",
+                     lib.kiln_last_error().decode())
 
 
 def test_wrong_count_dtype_shape(cpu_pte, kiln_ptes):

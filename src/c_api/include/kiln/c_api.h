@@ -118,6 +118,15 @@ KILN_C_API kiln_status kiln_program_load(const char* path, const char* data_path
 /* Releases the handle (NULL is ignored). Method handles keep working. */
 KILN_C_API void kiln_program_destroy(kiln_program* program);
 
+/* The state scope of the program's methods loaded after this call ("" by
+ * default): the mutable state of a program (a language model's KV cache) is
+ * one buffer per GPU, model and scope, so programs of one model loaded in the
+ * same scope share one cache, and loads in different scopes (two concurrent
+ * generations) each get their own. Weights are shared either way. At most 255
+ * printable ASCII characters. KILN_ERROR_INVALID_ARGUMENT for another text, or
+ * once a method of this program is loaded (its scope is fixed). */
+KILN_C_API kiln_status kiln_program_set_state_scope(kiln_program* program, const char* scope);
+
 /* Method names, sorted; the string lives as long as the program handle. */
 KILN_C_API kiln_status kiln_program_num_methods(const kiln_program* program, size_t* out);
 KILN_C_API kiln_status kiln_program_method_name(const kiln_program* program, size_t index,
