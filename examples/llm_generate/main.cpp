@@ -302,6 +302,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "llm_generate: the prompt is empty\n");
     return 2;
   }
+  // Token ids past the vocabulary: the engines would refuse them too (their index bounds), but
+  // this names the flag.
+  int64_t vocab = 0;
+  if (auto names = module.method_names(); names.ok() && names->count("get_vocab_size") && constant(module, "get_vocab_size", &vocab))
+    for (const std::vector<int64_t>* ids : {&prompt, &forced})
+      for (size_t i = 0; i < ids->size(); ++i)
+        if ((*ids)[i] >= vocab) {
+          std::fprintf(stderr, "llm_generate: %s token %zu is %lld; this model's vocabulary is %lld ids (0 to %lld)\n",
+                       ids == &prompt ? "prompt" : "--force", i, static_cast<long long>((*ids)[i]),
+                       static_cast<long long>(vocab), static_cast<long long>(vocab - 1));
+          return 2;
+        }
   prompt_len = static_cast<int64_t>(prompt.size());
   if (prompt_len + flags.new_tokens > max_len) {
     std::fprintf(stderr, "llm_generate: %lld prompt + %d new tokens exceed the KV cache of %lld positions "

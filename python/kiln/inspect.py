@@ -272,12 +272,17 @@ def _describe_engine(e: dict) -> list[str]:
             return c["code"] + (" JIT at load" if c["code"].startswith("PTX") else "")
         lines.append("  target SMs covered: " + ", ".join(f"sm_{c['sm']} ({how(c)})" for c in e["coverage"]))
     lines += [
-        "  options baked in: " + ", ".join(f"{k}={v}" for k, v in sorted(meta.items())),
+        "  options baked in: " + ", ".join(f"{k}={v}" for k, v in sorted(meta.items()) if k != "input_bounds"),
         "  compile specs: " + ", ".join(f"{k}={v}" for k, v in sorted(e["compile_specs"].items())),
     ]
+    # Index inputs (engine_format/input_bounds.h): "<input> <lo> <hi> <what>" a line.
+    bounds = {}
+    for line in meta.get("input_bounds", "").splitlines():
+        i, lo, hi, what = line.split(" ", 3)
+        bounds[int(i)] = f" indexes {what}: values in [{lo}, {hi}), checked before each run when passed from host memory"
     for kind in ("inputs", "outputs"):
         for i, t in enumerate(e["io"][kind]):
-            lines.append(f"  {kind[:-1]} {i}: {t['name']} {_shape(t)}")
+            lines.append(f"  {kind[:-1]} {i}: {t['name']} {_shape(t)}" + (bounds.get(i, "") if kind == "inputs" else ""))
     lines.append(f"  steps ({len(e['steps'])}; label = the fused op group):")
     lines += [_step_line(n, s) for n, s in enumerate(e["steps"], 1)]
     lines.append(f"  memory plan: arena {plan['arena_bytes']:,} B, weights {plan['weights_bytes']:,} B "

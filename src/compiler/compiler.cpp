@@ -4,6 +4,7 @@
 // ops/step_plan.h), NVRTC, serialization. Progress goes through
 // CompileOptions::progress; debug_dir dumps the state after each pass.
 #include "compiler/compiler.h"
+#include "compiler/input_bounds.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -562,6 +563,22 @@ class Pipeline {
   int count_ = 0;
 };
 
+// The index inputs' bounds (input_bounds.h), found on the graph as it came (before passes fuse
+// the index ops away) and matched to the engine's inputs by name.
+void record_input_bounds(const ir::Graph& input, engine::EngineDesc* desc) {
+  std::vector<engine::InputBound> bounds;
+  for (engine::InputBound& b : input_index_bounds(input)) {
+    const std::string& name = input.value(input.inputs()[b.input]).name;
+    for (size_t i = 0; i < desc->inputs.size(); ++i)
+      if (desc->tensors[desc->inputs[i]].name == name) {
+        b.input = static_cast<uint32_t>(i);
+        bounds.push_back(std::move(b));
+        break;
+      }
+  }
+  if (!bounds.empty()) desc->metadata.emplace_back(engine::kInputBoundsKey, engine::format_input_bounds(bounds));
+}
+
 }  // namespace
 
 engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions& options) {
@@ -593,6 +610,7 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
                       " fused kernels, computing in " + engine::dtype_name(compute));
   Lowering lowering(graph, plan);
   engine::EngineDesc desc = lowering.run(options, compute);
+  record_input_bounds(input, &desc);
   pipeline.dump_steps(desc, lowering.kernel_source());
   return desc;
 }

@@ -19,6 +19,7 @@
 #include "engine_format/byte_io.h"
 #include "engine_format/engine_format.h"
 #include "engine_format/engine_validate_internal.h"
+#include "engine_format/input_bounds.h"
 #include "engine_format/step_format.h"
 
 namespace kiln::engine {
@@ -47,6 +48,7 @@ class Validator {
     for (uint32_t i = 0; i < desc_.derived_weights.size(); ++i) KILN_RETURN_IF_ERROR(check_derived_copies(i));
     KILN_RETURN_IF_ERROR(check_io(desc_.inputs, StorageKind::kInput, "input"));
     KILN_RETURN_IF_ERROR(check_io(desc_.outputs, StorageKind::kOutput, "output"));
+    KILN_RETURN_IF_ERROR(check_input_bounds());
     for (uint32_t i = 0; i < desc_.modules.size(); ++i) KILN_RETURN_IF_ERROR(check_module(i));
     for (uint32_t i = 0; i < desc_.steps.size(); ++i) KILN_RETURN_IF_ERROR(check_step(i));
     return Status::ok();
@@ -83,6 +85,21 @@ class Validator {
     for (const auto& kv : desc_.metadata)
       if (!keys.insert(kv.first).second)
         return invalid("metadata key '%s' appears more than once", kv.first.c_str());
+    return Status::ok();
+  }
+
+  // The index inputs' bounds (input_bounds.h): well formed, and only on integer inputs. After
+  // check_io, so each input names a tensor.
+  Status check_input_bounds() const {
+    const std::string* text = desc_.find_metadata(kInputBoundsKey);
+    if (text == nullptr) return Status::ok();
+    Result<std::vector<InputBound>> bounds = parse_input_bounds(*text, desc_.inputs.size());
+    if (!bounds.is_ok()) return invalid("%s", bounds.status().message().c_str());
+    for (const InputBound& b : bounds.value()) {
+      const DType d = desc_.tensors[desc_.inputs[b.input]].dtype;
+      if (d != DType::kInt64 && d != DType::kInt32)
+        return invalid("%s: input %u is %s, not an integer index", kInputBoundsKey, b.input, dtype_name(d));
+    }
     return Status::ok();
   }
 

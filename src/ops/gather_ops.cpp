@@ -220,6 +220,25 @@ void GatherPlan::lower(LowerContext& ctx, engine::Step& step) const {
   k.args.push_back(LowerContext::int_arg(ctx.graph().value(out).numel()));
 }
 
+namespace {
+std::vector<IndexRange> gather_index_ranges(const ir::Graph& graph, const ir::Node& node) {
+  const GatherPlan p = plan_gather(graph, node);
+  const ir::Value& data = graph.value(p.data);
+  // Advanced indexing wraps negative indices as Python does; embedding, index_select and gather
+  // take [0, size) only.
+  const bool wraps = node.op == "aten.index.Tensor";
+  std::vector<IndexRange> ranges;
+  for (size_t d = 0; d < p.source.size(); ++d) {
+    if (p.source[d] >= 0) continue;
+    const int j = -p.source[d] - 1;
+    const int64_t size = data.shape[d];
+    ranges.push_back({j + 1, wraps ? -size : 0, size,
+                      "dim " + std::to_string(d) + " (size " + std::to_string(size) + ") of '" + data.name + "'"});
+  }
+  return ranges;
+}
+}  // namespace
+
 KILN_REGISTER_OPS(gather) {
   for (const char* name :
        {"aten.embedding.default", "aten.index_select.default", "aten.gather.default", "aten.index.Tensor"}) {
@@ -230,6 +249,7 @@ KILN_REGISTER_OPS(gather) {
     def.any_dtype = true;  // the data may be any dtype; the indices are checked below
     def.index_inputs = std::string(name) == "aten.index.Tensor" ? std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}
                                                                   : std::vector<int>{1};
+    def.index_ranges = gather_index_ranges;
     def.plan = [](PlanContext& ctx, int node) {
       const ir::Node& n = ctx.graph().nodes()[static_cast<size_t>(node)];
       ctx.emit(PlannedOp(label_of(n.op), plan_gather(ctx.graph(), n)));

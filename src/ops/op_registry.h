@@ -32,6 +32,17 @@ using CheckFn = std::function<std::string(const OpQuery&)>;  // "" when taken, e
 using ExpressionFn = std::function<std::string(const ir::Node&, const std::vector<std::string>&)>;
 using PlanFn = std::function<void(PlanContext&, int node)>;
 
+// The values an index input may hold: [lo, hi) over the dim it indexes, as PyTorch takes them
+// (it raises outside; Kiln's kernels clamp, so a bad index would be a silent wrong answer). The
+// compiler records them for graph inputs read as indices (compiler/input_bounds.cpp) and the
+// runtime refuses bad host values before any launch (engine_format/input_bounds.h).
+struct IndexRange {
+  int input = 0;  // the node's input number
+  int64_t lo = 0, hi = 0;
+  std::string what;  // what the index picks, e.g. "dim 2 (size 768) of state 'k_cache_0'"
+};
+using IndexRangeFn = std::function<std::vector<IndexRange>(const ir::Graph&, const ir::Node&)>;
+
 struct OpDef {
   std::string name;  // edge-dialect name, e.g. "aten.addmm.default"; "kiln.*" are internal
   OpRole role = OpRole::kStep;
@@ -60,6 +71,8 @@ struct OpDef {
   // Inputs (tensor input numbers) that must be int64 or int32 indices
   // (embedding's and gather's indices).
   std::vector<int> index_inputs;
+  // The range of each index input (see IndexRange); empty: none recorded.
+  IndexRangeFn index_ranges;
 
   bool internal() const { return name.rfind("kiln.", 0) == 0; }
 };

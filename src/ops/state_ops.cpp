@@ -161,6 +161,22 @@ KILN_REGISTER_OPS(state) {
   def.check = check_index_put;
   def.any_dtype = true;
   def.index_inputs = {1};
+  // index_put wraps negative positions as Python does: [-size, size) of the indexed dim.
+  def.index_ranges = [](const ir::Graph& g, const ir::Node& n) {
+    std::vector<TensorInfo> in;
+    for (int id : n.inputs) in.push_back({g.value(id).dtype, g.value(id).shape, false});
+    int64_t dim = 0;
+    std::vector<IndexRange> ranges;
+    if (n.outputs.size() != 1 ||
+        !describe(n.attrs, in, {g.value(n.outputs[0]).dtype, g.value(n.outputs[0]).shape, false}, &dim).empty())
+      return ranges;
+    const ir::Value& dst = g.value(n.inputs[0]);
+    const int64_t size = dst.shape[static_cast<size_t>(dim)];
+    ranges.push_back({1, -size, size,
+                      "dim " + std::to_string(dim) + " (size " + std::to_string(size) + ") of " +
+                          (dst.is_state ? "state '" : "'") + dst.name + "'"});
+    return ranges;
+  };
   def.plan = [](PlanContext& ctx, int node) {
     StateScatterPlan p = plan_state_update(ctx, node);
     if (!strided_source(ctx, p.values, &p.values_storage, &p.values_map)) p.values_storage = -1;

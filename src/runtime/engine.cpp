@@ -38,6 +38,10 @@ Result<std::unique_ptr<Engine>> Engine::load(EngineDesc desc, int device,
   KILN_RETURN_IF_ERROR(ensure_current_device(device));
 
   std::unique_ptr<Engine> e(new Engine());
+  // The index inputs' bounds (validated above, so this parses).
+  if (const std::string* text = desc.find_metadata(engine::kInputBoundsKey)) {
+    KILN_ASSIGN_OR_RETURN(e->input_bounds_, engine::parse_input_bounds(*text, desc.inputs.size()));
+  }
   e->desc_ = std::move(desc);
   e->device_ = std::move(info);
   KILN_RETURN_IF_ERROR(e->check_kinds());

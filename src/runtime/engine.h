@@ -20,6 +20,7 @@
 
 #include "common/status.h"
 #include "engine_format/engine_desc.h"
+#include "engine_format/input_bounds.h"
 #include "runtime/derived_weights.h"
 #include "runtime/device.h"
 #include "runtime/named_weight_cache.h"
@@ -103,6 +104,9 @@ class Engine {
   // live when it loaded (another method or load in the same scope).
   const std::vector<std::shared_ptr<DeviceState>>& states() const { return states_; }
   size_t states_reused() const { return states_reused_; }
+  // The index inputs and the values each may hold (engine_format/input_bounds.h); the execution
+  // context checks host-resident ones before each run.
+  const std::vector<engine::InputBound>& input_bounds() const { return input_bounds_; }
   // Bytes of named weights this engine uses (each counted once).
   uint64_t named_weights_bytes() const { return named_bytes_; }
   // Bytes of device memory of the weights this engine made at load (its own).
@@ -137,6 +141,7 @@ class Engine {
   DerivedWeights derived_;  // by desc_.derived_weights index
   std::vector<std::shared_ptr<DeviceState>> states_;  // by desc_.states index
   size_t states_reused_ = 0;
+  std::vector<engine::InputBound> input_bounds_;
   size_t workspace_bytes_ = 0;
 };
 

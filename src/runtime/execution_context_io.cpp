@@ -41,6 +41,13 @@ Status ExecutionContext::check_io(const IoBuffer* io, bool inputs) const {
                          "allocation is); pass a tensor that owns its storage, e.g. x.contiguous().clone()",
                          what, i, t.name.c_str(), io[i].data, kDeviceIoAlignment);
   }
+  // Index inputs on the host hold values the kernels would clamp: refuse those PyTorch refuses.
+  // Device-resident ones are not read here (that would wait for the GPU).
+  if (inputs)
+    for (const engine::InputBound& b : engine_->input_bounds())
+      if (!io[b.input].on_device)
+        KILN_RETURN_IF_ERROR(engine::check_index_values(b, input_desc(b.input).dtype, io[b.input].data,
+                                                        io[b.input].nbytes, input_desc(b.input).name));
   return Status::ok();
 }
 

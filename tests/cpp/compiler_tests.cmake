@@ -9,6 +9,7 @@ add_executable(kiln_compiler_tests
   compiler_conv_test.cpp
   compiler_patchify_test.cpp
   compiler_decode_layers_test.cpp
+  input_bounds_test.cpp
   nvrtc_compiler_test.cpp)
 # CUDA::nvrtc: the persistent decode kernel's ptxas report (no register spills).
 target_link_libraries(kiln_compiler_tests PRIVATE kiln_compiler GTest::gtest_main CUDA::nvrtc)

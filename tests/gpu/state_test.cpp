@@ -11,6 +11,7 @@
 //   kiln_state_test <files dir> <steps> <rtol>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,12 +45,8 @@ std::unique_ptr<Module> load_in_scope(const std::string& pte, const char* scope)
   return module;
 }
 
-// Runs step `t` of `dir` through `module`; its rel_err against PyTorch, or -1.
-double run_step(Module& module, const std::string& dir, int t) {
-  auto in = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".inputs.ktensors");
-  auto ex = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".expected.ktensors");
-  if (!in.is_ok() || !ex.is_ok() || ex.value().size() != 1) return -1;
-  std::vector<HostTensor> inputs = in.value();
+// Runs `module`'s forward on host tensors.
+et::Result<std::vector<et::EValue>> execute(Module& module, std::vector<HostTensor>& inputs) {
   std::vector<executorch::extension::TensorPtr> keep;
   std::vector<et::EValue> args;
   for (HostTensor& h : inputs) {
@@ -57,7 +54,16 @@ double run_step(Module& module, const std::string& dir, int t) {
     keep.push_back(executorch::extension::from_blob(h.data.data(), sizes, kiln::gpu_test::scalar_type(h.dtype)));
     args.emplace_back(*keep.back());
   }
-  auto result = module.execute("forward", args);
+  return module.execute("forward", args);
+}
+
+// Runs step `t` of `dir` through `module`; its rel_err against PyTorch, or -1.
+double run_step(Module& module, const std::string& dir, int t) {
+  auto in = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".inputs.ktensors");
+  auto ex = kiln::tools::read_tensor_file(dir + "/step_" + std::to_string(t) + ".expected.ktensors");
+  if (!in.is_ok() || !ex.is_ok() || ex.value().size() != 1) return -1;
+  std::vector<HostTensor> inputs = in.value();
+  auto result = execute(module, inputs);
   if (!result.ok() || result->empty() || !(*result)[0].isTensor()) return -1;
   const auto& out = (*result)[0].toTensor();
   const HostTensor got = kiln::gpu_test::to_host(out, ex.value()[0].dtype);
@@ -104,6 +110,24 @@ int main(int argc, char** argv) {
   const double again = second.load_method("forward") == et::Error::Ok ? run_step(second, dir, steps - 1) : -1;
   std::snprintf(line, sizeof(line), "a second module of the file sees the same cache (rel_err %.2e)", again);
   report(again >= 0 && again <= rtol, line);
+
+  // A position past the cache (32 slots) is refused before any launch (the index input's bound,
+  // engine_format/input_bounds.h), and the cache is left as it was: the last step again matches.
+  {
+    auto in = kiln::tools::read_tensor_file(dir + "/step_0.inputs.ktensors");
+    bool refused = false;
+    if (in.is_ok() && in.value().size() == 2) {
+      std::vector<HostTensor> inputs = in.value();
+      const int64_t bad = 32;
+      std::memcpy(inputs[1].data.data(), &bad, sizeof bad);
+      refused = execute(module, inputs).error() == et::Error::InvalidArgument;
+    }
+    const double after = run_step(module, dir, steps - 1);
+    std::snprintf(line, sizeof(line),
+                  "position 32 of a 32-slot cache is refused with InvalidArgument, the cache untouched (rel_err %.2e "
+                  "after)", after);
+    report(refused && after >= 0 && after <= rtol, line);
+  }
 
   // Another state scope: a cache of its own, from zeros.
   std::unique_ptr<Module> isolated = load_in_scope(dir + "/decoder.pte", "isolated");

@@ -52,6 +52,11 @@ def test_export_has_two_methods_sharing_weights_and_state(exported):
     info = inspect_pte(pte)
     text = describe(info)
     assert "shared with method 'decode'" in text and "shared with method 'prefill'" in text
+    # Both methods' index inputs carry the values they may hold, checked before each run: token ids
+    # within the vocabulary, positions within the 64-slot cache (the rotary table is as long).
+    assert text.count("input 0: tokens int64 [1, ") == 2, text
+    assert text.count("indexes dim 0 (size 512) of 'p_lm_lm_head_weight': values in [0, 512)") == 2, text
+    assert text.count(": values in [-64, 64), checked before each run when passed from host memory") == 2, text
     assert (exported / "expected_tokens.txt").read_text().count(",") == 8
     from executorch.runtime import Runtime
 
@@ -59,6 +64,18 @@ def test_export_has_two_methods_sharing_weights_and_state(exported):
     assert {"prefill", "decode", "get_max_seq_len", "get_prompt_len", "get_vocab_size"} <= set(program.method_names)
     assert program.load_method("get_max_seq_len").execute([]) == [64]
     assert program.load_method("get_prompt_len").execute([]) == [6]
+
+
+def test_llm_generate_refuses_token_ids_past_the_vocabulary(exported):
+    """A prompt id the embedding has no row for is named before anything runs (the engines'
+    index bounds refuse it too, where PyTorch raises: tests/gpu/state_test.cpp checks that)."""
+    if not BINARY.exists():
+        pytest.fail(f"llm_generate not built at {BINARY}; run scripts/setup.sh (or set KILN_BUILD_DIR)")
+    run = subprocess.run([str(BINARY), "--model", str(exported / "llama_tiny_float32.pte"), "--data_path",
+                          str(exported / "llama_tiny_float32.ptd"), "--prompt", "1,2,3,4,5,512"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "prompt token 5 is 512; this model's vocabulary is 512 ids (0 to 511)" in run.stderr
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
