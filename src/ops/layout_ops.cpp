@@ -61,7 +61,9 @@ constexpr const char* kSelect = "aten.select_copy.int";
 // around a matrix product (a patch embedding's NCHW result read back as
 // tokens) so becomes one kernel, or none where the result is the source's
 // own order.
-Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
+// `all_readers`: the caller reads `value` for every one of its readers (they are its own, absorbed
+// nodes), so `value` may have several.
+Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype, bool all_readers = false) {
   const ir::Graph& g = ctx.graph();
   std::vector<int> chain;  // producer nodes, nearest first
   int root = value;
@@ -83,7 +85,8 @@ Source source_through_chain(PlanContext& ctx, int value, engine::DType dtype) {
   for (;;) {
     const ir::Value& v = g.value(root);
     const size_t readers = ctx.consumers(root).size();
-    const bool readers_ok = readers == 1 || (root == value && readers > 1 && only_elementwise_readers(root));
+    const bool readers_ok =
+        readers == 1 || (root == value && readers > 1 && (all_readers || only_elementwise_readers(root)));
     if (v.producer < 0 || v.dtype != dtype || ctx.is_output(root) || !readers_ok) break;
     const ir::Node& p = g.nodes()[static_cast<size_t>(v.producer)];
     if (ctx.absorbed(v.producer) || p.inputs.size() != 1 || p.outputs.size() != 1) break;
@@ -496,13 +499,19 @@ std::vector<uint8_t> evaluate_layout(const ir::Graph& graph, const ir::Node& nod
   return data;
 }
 
-bool strided_source(PlanContext& ctx, int value, int* storage, AffineMap* map) {
+bool strided_source(PlanContext& ctx, int value, int* storage, AffineMap* map, bool all_readers) {
   const ir::Graph& g = ctx.graph();
   const ir::Value& v = g.value(value);
   if (v.producer < 0 || ctx.absorbed(v.producer)) return false;
-  const std::string& op = g.nodes()[static_cast<size_t>(v.producer)].op;
+  // Views alone would alias; a permute, slice or select under them (Qwen3's per-head view of a
+  // column slice of the merged q|k|v projection) is what a layout kernel would copy.
+  int under = value;
+  while (g.value(under).producer >= 0 && is_view_op(g.nodes()[static_cast<size_t>(g.value(under).producer)].op))
+    under = g.nodes()[static_cast<size_t>(g.value(under).producer)].inputs.at(0);
+  if (g.value(under).producer < 0) return false;
+  const std::string& op = g.nodes()[static_cast<size_t>(g.value(under).producer)].op;
   if (!is_constant_permute_op(op) && op != kSlice && op != kSelect) return false;
-  const Source s = source_through_chain(ctx, value, v.dtype);
+  const Source s = source_through_chain(ctx, value, v.dtype, all_readers);
   if (s.value == value || s.strides.size() != v.shape.size()) return false;
   *storage = s.value;
   map->base = s.offset;

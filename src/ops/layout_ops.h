@@ -33,8 +33,9 @@ class PlanContext;
 // kernel that computes it: when `value` is the result of a chain of slices,
 // selects, permutes and views whose intermediates nothing else reads, the
 // chain's source storage and the map from `value`'s index to its element
-// there. False when `value` is no such result.
-bool strided_source(PlanContext& ctx, int value, int* storage, AffineMap* map);
+// there. False when `value` is no such result. `all_readers`: the caller reads `value` in place for
+// all of its readers (nodes it absorbs), so `value` itself may have several.
+bool strided_source(PlanContext& ctx, int value, int* storage, AffineMap* map, bool all_readers = false);
 
 // The bytes of `node`'s output when its input is the constant `in`,
 // computed through its layout plan (one piece; repeat, as_strided).

@@ -104,9 +104,15 @@ int64_t norm_vector_width(const ir::Graph& graph, const NormPlan& plan) {
   if (ne == 0 || plan.data_coef.size() != nr + ne) return 1;
   const size_t widest = std::max(engine::dtype_size(graph.value(plan.input).dtype),
                                  engine::dtype_size(graph.value(plan.out).dtype));
+  const bool strided = !plan.input_coef.empty();
+  if (strided && plan.input_coef.size() != nr + ne) return 1;
   for (int64_t v = static_cast<int64_t>(16 / widest); v > 1; v /= 2) {
     bool ok = plan.data_coef.back() == 1 && plan.elem_shape.back() % v == 0;
     for (size_t d = 0; d + 1 < nr + ne; ++d) ok &= plan.data_coef[d] % v == 0;
+    if (strided) {
+      ok &= plan.input_coef.back() == 1 && plan.input_base % v == 0;
+      for (size_t d = 0; d + 1 < nr + ne; ++d) ok &= plan.input_coef[d] % v == 0;
+    }
     if (ok) return v;
   }
   return 1;
@@ -160,6 +166,13 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
 
   const std::string row_off = flat_offset("row", plan.row_shape, slice(plan.data_coef, 0, nr));
   const std::string elem_off = flat_offset("e", plan.elem_shape, slice(plan.data_coef, nr, nr + ne));
+  // Where element e of the row is read: as written, or through the input's own coefficients.
+  const bool strided = !plan.input_coef.empty();
+  if (strided && plan.input_coef.size() != nr + ne)
+    throw CompileError("internal: normalization '" + out.name + "' has input coefficients for " +
+                       std::to_string(plan.input_coef.size()) + " dims, expected " + std::to_string(nr + ne));
+  const std::string in_at =
+      strided ? "ibase + " + flat_offset("e", plan.elem_shape, slice(plan.input_coef, nr, nr + ne)) : "base + " + elem_off;
   const std::string prow_off = flat_offset("row", plan.row_shape, slice(plan.param_coef, 0, nr));
   const std::string pelem_off = flat_offset("e", plan.elem_shape, slice(plan.param_coef, nr, nr + ne));
   const std::string Lf = std::to_string(L) + ".0f";
@@ -189,10 +202,10 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
     for (int64_t i = 0; i < V; ++i) b << "      v[k * " << V << " + " << i << "] = 0.0f;\n";
     b << "      " << guard << "{\n";
     if (V == 1) {
-      b << "        v[k] = " << load_expr(in.dtype, "in[base + " + elem_off + "]") << ";\n";
+      b << "        v[k] = " << load_expr(in.dtype, "in[" + in_at + "]") << ";\n";
     } else {
       const std::string vt = raw_vector_type(in.dtype, V);
-      b << "        const " << vt << " r = *reinterpret_cast<const " << vt << "*>(in + base + " << elem_off << ");\n";
+      b << "        const " << vt << " r = *reinterpret_cast<const " << vt << "*>(in + " << in_at << ");\n";
       for (int64_t i = 0; i < V; ++i) b << "        v[k * " << V << " + " << i << "] = " << unpack("r", in.dtype, V, i) << ";\n";
     }
     for (int64_t i = 0; i < V; ++i) b << "        sum += v[k * " << V << " + " << i << "];\n";
@@ -254,7 +267,7 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
     std::ostringstream b;
     b << "    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;\n"
       << "    for (long long e = t; e < " << L << "LL; e += " << tpr << ") {\n"
-      << "      const float x = " << load_expr(in.dtype, "in[base + " + elem_off + "]") << ";\n"
+      << "      const float x = " << load_expr(in.dtype, "in[" + in_at + "]") << ";\n"
       << "      cnt += 1.0f;\n"
       << (rms ? "      m2 += x * x;\n"
               : "      const float d = x - mean;\n"
@@ -266,7 +279,7 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
     b << c.str()
       << "    const float rstd = rsqrtf(m2 / " << Lf << " + " << eps << ");\n"
       << "    for (long long e = t; e < " << L << "LL; e += " << tpr << ") {\n"
-      << "      const float x = " << load_expr(in.dtype, "in[base + " + elem_off + "]") << ";\n"
+      << "      const float x = " << load_expr(in.dtype, "in[" + in_at + "]") << ";\n"
       << "      out[base + " << elem_off << "] = " << store_expr(out.dtype, normalized("x", 0)) << ";\n"
       << "    }\n";
     return b.str();
@@ -287,6 +300,9 @@ NormKernel generate_norm_kernel(const ir::Graph& graph, const NormPlan& plan, co
       << "  const int t = threadIdx.x;\n";
   s << "  if (row >= n / " << L << "LL) return;  // a whole row's threads leave together\n"
     << "  const long long base = " << row_off << ";\n";
+  if (strided)
+    s << "  const long long ibase = " << plan.input_base << "LL + "
+      << flat_offset("row", plan.row_shape, slice(plan.input_coef, 0, nr)) << ";\n";
   if (affine) s << "  const long long pbase = " << prow_off << ";\n";
   if (tpr > 32)
     s << "  __shared__ float kiln_part_n[" << tpr / 32 << "], kiln_part_mean[" << tpr / 32 << "], kiln_part_m2["

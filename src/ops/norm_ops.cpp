@@ -1,5 +1,7 @@
 #include "ops/norm_ops.h"
 
+#include "ops/layout_ops.h"
+
 #include "ops/gemm_ops.h"
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <cstring>
 
 #include "codegen/cuda_dtype.h"
+#include "ops/layout_ops.h"
 #include "ops/norm_kernel.h"
 #include "ops/op_registry.h"
 
@@ -401,7 +404,7 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
   }
   // Read x itself where `a` is a widening (or same-dtype) cast of it read by
   // nothing else than the pattern, and x is in memory.
-  int x = a;
+  int x = a, uncast = -1;  // uncast: what `a` is a widening cast of, read by nothing but the pattern
   if (av.producer >= 0) {
     const ir::Node& cn = node_at(ctx, av.producer);
     const std::vector<int>& ac = ctx.consumers(a);
@@ -409,9 +412,9 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
                               std::find(ac.begin(), ac.end(), p) != ac.end() &&
                               std::find(ac.begin(), ac.end(), mul) != ac.end();
     if (is_cast(cn.op) && cn.inputs.size() == 1 && only_pattern && is_float(g.value(cn.inputs[0]).dtype) &&
-        (av.dtype == engine::DType::kFloat32 || av.dtype == g.value(cn.inputs[0]).dtype) &&
-        stored_before(ctx, cn.inputs[0]))
-      x = cn.inputs[0];
+        (av.dtype == engine::DType::kFloat32 || av.dtype == g.value(cn.inputs[0]).dtype))
+      uncast = cn.inputs[0];
+    if (uncast >= 0 && stored_before(ctx, uncast)) x = uncast;
   }
   NormPlan plan;
   plan.input = x;
@@ -431,6 +434,23 @@ bool plan_rms_norm(PlanContext& ctx, int mean_node) {
   // A matrix-vector product reading only the norm (a decode step's q|k|v or
   // gate|up) normalizes its rows itself: no norm kernel.
   if (next >= 0 && plan_gemm_after_rms_norm(ctx, next, plan)) return true;
+  // Rows that are a slice (through views) of another tensor are read in place, e.g. Qwen3's
+  // per-head q and k norms over columns of the merged q|k|v projection: the slice's layout
+  // kernel, left without readers, is dropped.
+  const int rows_of = uncast >= 0 ? uncast : a;
+  int storage = -1;
+  AffineMap map;
+  // (`a`'s readers are the pattern's square and product, both taken here; `uncast`'s, the cast.)
+  if (strided_source(ctx, rows_of, &storage, &map, /*all_readers=*/true)) {
+    const std::vector<int64_t>& shape = g.value(rows_of).shape;
+    plan.input = storage;
+    plan.input_base = map.base;
+    plan.row_shape.assign(shape.begin(), shape.end() - 1);
+    plan.data_coef = ir::contiguous_strides(shape);
+    plan.param_coef.assign(shape.size(), 0);
+    plan.param_coef.back() = 1;
+    plan.input_coef = map.coef;
+  }
   RmsNormPlan step;
   step.norm = plan;
   ctx.emit(PlannedOp("rms_norm", std::move(step)));

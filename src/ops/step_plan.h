@@ -255,6 +255,11 @@ struct NormPlan : StepPlanBase<NormPlan> {
   int input = -1, weight = -1, bias = -1, out = -1;
   std::vector<int64_t> row_shape, elem_shape;
   std::vector<int64_t> data_coef, param_coef;  // row dims, then element dims
+  // Non-empty: `input` is read at input_base + these coefficients (row dims, then element dims)
+  // instead of data_coef's, e.g. a slice of a larger tensor read in place (layout_ops.h
+  // strided_source); the output keeps data_coef.
+  std::vector<int64_t> input_coef;
+  int64_t input_base = 0;
   double eps = 1e-5;
 
   int64_t rows() const;

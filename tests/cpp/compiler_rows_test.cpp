@@ -112,20 +112,36 @@ Case safe_case(const std::string& name, std::vector<int64_t> shape, DType dtype)
   return c;
 }
 
+// Rows of a wider tensor: the normalized rows are columns [start, start + heads * D) of x's
+// last dim (width `width`), viewed as `heads` rows of D, as Qwen3's per-head q/k norms read the
+// merged q|k|v projection.
+struct Sliced {
+  int64_t width = 0, start = 0, heads = 0;
+};
+
 // HF Llama's RMSNorm: [cast to f32] pow 2, mean(-1), add eps, rsqrt, mul,
 // [cast back], mul by the weight (on the left or the right).
 Case rms_case(const std::string& name, std::vector<int64_t> shape, DType dtype, bool casts, bool scalar_eps,
-              bool weight_left, std::mt19937& rng) {
+              bool weight_left, std::mt19937& rng, Sliced sliced = {}) {
   Case c;
   c.name = name;
   ir::Graph& g = c.graph;
   const int64_t D = shape.back();
   const double eps = 1e-5;
-  c.x = g.add_input("x", dtype, shape);
+  int rows = -1;  // what the pattern normalizes
+  if (sliced.heads > 0) {
+    std::vector<int64_t> merged(shape.begin(), shape.end() - 2);  // shape is [..., heads, D]
+    merged.push_back(sliced.width);
+    c.x = g.add_input("x", dtype, merged);
+    const int cols = testing::slice_last(g, c.x, sliced.start, sliced.start + sliced.heads * D);
+    rows = out0(g, g.add_node("aten.view_copy.default", "heads", {cols}, {{"size", shape}}, {{dtype, shape}}));
+  } else {
+    c.x = rows = g.add_input("x", dtype, shape);
+  }
   std::vector<int64_t> kept = shape;
   kept.back() = 1;
   const DType f = casts ? DType::kFloat32 : dtype;
-  int a = casts ? out0(g, g.add_node("aten._to_copy.default", "up", {c.x}, {}, {{f, shape}})) : c.x;
+  int a = casts ? out0(g, g.add_node("aten._to_copy.default", "up", {rows}, {}, {{f, shape}})) : rows;
   int sq = out0(g, g.add_node("aten.pow.Tensor_Scalar", "sq", {a}, {{"exponent", int64_t{2}}}, {{f, shape}}));
   int mean = out0(g, g.add_node("aten.mean.dim", "mean", {sq}, {{"dim", std::vector<int64_t>{-1}}, {"keepdim", true}},
                                 {{f, kept}}));
@@ -146,15 +162,22 @@ Case rms_case(const std::string& name, std::vector<int64_t> shape, DType dtype, 
   std::vector<int> operands = weight_left ? std::vector<int>{w, y} : std::vector<int>{y, w};
   int out = out0(g, g.add_node("aten.mul.Tensor", "scale", operands, {}, {{dtype, shape}}));
   g.set_outputs({out});
-  c.reference = [D, eps, w](const std::vector<double>& x, const ir::Graph& planned) {
+  const int64_t count = ir::numel_of(shape);
+  c.reference = [D, eps, w, count, sliced](const std::vector<double>& x, const ir::Graph& planned) {
     const ir::Value& wv = planned.value(w);
-    std::vector<double> y(x.size());
-    for (size_t row = 0; row < x.size() / static_cast<size_t>(D); ++row) {
+    // Element e of normalized row r: x itself, or the row's columns of the wider x.
+    auto at = [&](size_t r, int64_t e) {
+      if (sliced.heads == 0) return x[r * D + e];
+      const size_t t = r / static_cast<size_t>(sliced.heads), h = r % static_cast<size_t>(sliced.heads);
+      return x[t * sliced.width + static_cast<size_t>(sliced.start) + h * D + e];
+    };
+    std::vector<double> y(static_cast<size_t>(count));
+    for (size_t row = 0; row < y.size() / static_cast<size_t>(D); ++row) {
       double ss = 0;
-      for (int64_t e = 0; e < D; ++e) ss += x[row * D + e] * x[row * D + e];
+      for (int64_t e = 0; e < D; ++e) ss += at(row, e) * at(row, e);
       const double rs = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
       for (int64_t e = 0; e < D; ++e)
-        y[row * D + e] = x[row * D + e] * rs * read_elem(wv.dtype, wv.data, static_cast<size_t>(e));
+        y[row * D + e] = at(row, e) * rs * read_elem(wv.dtype, wv.data, static_cast<size_t>(e));
     }
     return y;
   };
@@ -318,6 +341,16 @@ TEST_F(RowKernel, RmsNormIsOneKernel) {
   check(rms_case("bf16_odd", {3, 77}, DType::kBFloat16, true, true, false, rng_));
   Case stream = rms_case("rms_streamed", {2, 40000}, DType::kFloat32, false, true, true, rng_);
   check(stream);
+}
+
+// Qwen3's per-head q and k norms: rows of head_dim that are columns of the merged q|k|v
+// projection are read in place (one kernel, no slice copy), in the vector and scalar forms.
+TEST_F(RowKernel, PerHeadRmsNormReadsColumnsOfAWiderTensor) {
+  // q: the first 4 heads of 128 of a [3, 256] projection; k: 2 heads from column 128.
+  check(rms_case("q_heads_fp32", {3, 4, 32}, DType::kFloat32, false, true, true, rng_, {256, 0, 4}));
+  check(rms_case("k_heads_bf16", {3, 2, 32}, DType::kBFloat16, true, false, true, rng_, {256, 128, 2}));
+  // A start that is no multiple of the vector width: scalar loads.
+  check(rms_case("odd_start_fp16", {2, 3, 16}, DType::kFloat16, true, true, false, rng_, {100, 3, 3}));
 }
 
 TEST(RowPlanning, RmsNormChainThatDoesNotMatchStaysUnfused) {
