@@ -319,7 +319,7 @@ def main() -> None:
         print(f"llm_bench: {peer} ...", flush=True)
         try:
             if lm is None:
-                lm = build_hf(manifest["size"], manifest["seed"], dtype).cuda()
+                lm = build_hf(manifest["size"], manifest["seed"], dtype, arch=manifest.get("arch", "llama")).cuda()
                 prompt = torch.tensor([prompt_ids], device="cuda")
             report(peer, {"hf_eager": run_hf_eager, "compile_ro": run_compile_ro}[peer](args, lm, prompt, manifest))
         except Exception as e:

@@ -7,6 +7,8 @@
 #                     compiled per size 2..64; a 37-token prompt in chunks)
 #   $carry/llm/fp32_device  the float32 program with device-resident I/O
 #                     (export_llama.py --device-io; run with llm_generate --device_io)
+#   $carry/llm/qwen3_fp32, phi3_fp32  the small model's dimensions as a Qwen3 and a Phi-3
+#                     (export_llama.py --arch), float32, as fp32
 #   $carry/llm/fp16   the same in float16, weights inside the .pte (xz)
 #   $carry/llm_bench  (with --bench) the 410M benchmark model, bfloat16,
 #                     prompt 512 + 256 new tokens, weights as a recipe;
@@ -73,22 +75,26 @@ trap 'rm -rf "$work"' EXIT
 export_llama=examples/llm_generate/export_llama.py
 weights=examples/llm_generate/llm_weights.py
 
-# small_fp32 NAME TITLE EXPORT_ARGS...: the small model in float32 with logits and HF's reference,
-# its weights as a recipe -> $carry/llm/NAME
+# small_fp32 NAME TITLE ARCH EXPORT_ARGS...: the small model of ARCH (llama_kv.py ARCHITECTURES) in
+# float32 with logits and HF's reference, its weights as a recipe -> $carry/llm/NAME
 small_fp32() {
-  local name=$1 title=$2
-  shift 2
-  echo "== small, float32$title -> $carry/llm/$name"
+  local name=$1 title=$2 arch=$3
+  shift 3
+  echo "== small $arch, float32$title -> $carry/llm/$name"
   rm -rf "$carry/llm/$name" && mkdir -p "$carry/llm/$name"
-  python3 "$export_llama" --size small --dtype float32 --logits --reference --external-weights "$@" --out "$work/$name"
-  python3 "$weights" pack --ptd "$work/$name/llama_small_float32.ptd" --size small --dtype float32 \
+  python3 "$export_llama" --arch "$arch" --size small --dtype float32 --logits --reference --external-weights "$@" \
+    --out "$work/$name"
+  python3 "$weights" pack --ptd "$work/$name/${arch}_small_float32.ptd" --arch "$arch" --size small --dtype float32 \
     --out "$carry/llm/$name/recipe"
-  cp "$work/$name"/{llama_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
+  cp "$work/$name"/{"${arch}"_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
     "$carry/llm/$name/"
 }
-small_fp32 fp32 ""
-small_fp32 fp32_dynamic ", dynamic prompt length (37 tokens as chunks 32 + 4 + 1)" --prompt-len 37 --prefill-max 64
-small_fp32 fp32_device ", device-resident I/O (llm_generate --device_io)" --device-io
+small_fp32 fp32 "" llama
+small_fp32 fp32_dynamic ", dynamic prompt length (37 tokens as chunks 32 + 4 + 1)" llama --prompt-len 37 --prefill-max 64
+small_fp32 fp32_device ", device-resident I/O (llm_generate --device_io)" llama --device-io
+# Architectures beside Llama's, through the same wrapper (Qwen3: per-head q/k norms; Phi-3: fused q|k|v).
+small_fp32 qwen3_fp32 "" qwen3
+small_fp32 phi3_fp32 "" phi3
 
 echo "== small, float16 -> $carry/llm/fp16"
 rm -rf "$carry/llm/fp16" && mkdir -p "$carry/llm/fp16"

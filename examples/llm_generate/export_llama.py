@@ -1,4 +1,5 @@
-"""Exports a Llama-architecture model for examples/llm_generate: one .pte with
+"""Exports a Llama-architecture model (or, with --arch, a Mistral, Qwen2, Qwen3, Gemma
+or Phi-3 of the same sizes) for examples/llm_generate: one .pte with
 two methods, `prefill` (the prompt: a fixed length, or with --prefill-max a
 dynamic one, compiled per size bucket) and `decode` (one token),
 sharing weights and the KV cache (engine state on the GPU), plus the
@@ -11,8 +12,8 @@ against.
         --dtype float32 --prompt-len 32 --new-tokens 64 --reference --out out/llm
 
 Writes into --out:
-  llama_<size>_<dtype>.pte     the program (weights inside, or in the .ptd)
-  llama_<size>_<dtype>.ptd     with --external-weights
+  <arch>_<size>_<dtype>.pte    the program (weights inside, or in the .ptd); <arch> is llama
+  <arch>_<size>_<dtype>.ptd    by default; with --external-weights
   prompt.txt                   the prompt's token ids, comma-separated
   expected_tokens.txt          (--reference) HF greedy's new tokens, float32
   expected_logits.f32          (--reference, --logits) the float32 logits of
@@ -41,7 +42,7 @@ import kiln  # noqa: E402
 from kiln import _dynamic  # noqa: E402
 from kiln._options import parse_persistent_decode_options  # noqa: E402
 from export_device_resident import device_resident_config  # noqa: E402
-from llama_kv import DEFAULT_SEED, SIZES, KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
+from llama_kv import ARCHITECTURES, DEFAULT_SEED, SIZES, KVLlama, build_hf, hf_greedy, kv_greedy  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -49,6 +50,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=sorted(SIZES), default="small")
+    p.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama",
+                   help="the Hugging Face architecture (llama_kv.py ARCHITECTURES), random weights of --size's "
+                        "dimensions; default llama")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--prefill-max", type=int, default=None,
@@ -106,9 +110,9 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     size = SIZES[args.size]
     dtype = DTYPES[args.dtype]
-    stem = f"llama_{args.size}_{args.dtype}"
+    stem = f"{args.arch}_{args.size}_{args.dtype}"
     t0 = time.time()
-    lm = build_hf(args.size, args.seed, dtype)
+    lm = build_hf(args.size, args.seed, dtype, arch=args.arch)
     params = sum(p.numel() for p in lm.parameters())
     model = KVLlama(lm, args.max_len, return_logits=args.logits).eval()
     p = args.prompt_len
@@ -128,13 +132,13 @@ def main(argv=None) -> None:
         "prefill": prefill,
         "decode": torch.export.export(model, (prompt[:, :1], torch.tensor([p]))),
     }
-    print(f"export_llama: {args.size} ({params / 1e6:.1f}M parameters, {args.dtype}), torch.export "
+    print(f"export_llama: {args.arch} {args.size} ({params / 1e6:.1f}M parameters, {args.dtype}), torch.export "
           f"{time.time() - t0:.1f} s", flush=True)
     compiled = kiln.compile(
         programs, target_sms=[int(s) for s in args.target_sms.split(",")],
         use_cuda_graphs=not args.no_cuda_graphs, overlap_launches=not args.no_overlap_launches,
         persistent_decode=args.persistent_decode, persistent_decode_options=args.decode_options or None,
-        model_id=f"llama-{args.size}-{args.dtype}-{args.seed}",
+        model_id=f"{args.arch}-{args.size}-{args.dtype}-{args.seed}",
         shape_buckets=prefill_sizes, constant_methods=constants)
     if compiled.summary.ops_on_cpu:
         raise SystemExit(f"export_llama: ops left to the CPU: {compiled.summary.ops_on_cpu}")
@@ -146,12 +150,12 @@ def main(argv=None) -> None:
           + (f" and {ptd} ({ptd.stat().st_size / 2**20:.1f} MiB)" if ptd else "")
           + f" in {time.time() - t0:.1f} s", flush=True)
     (args.out / "prompt.txt").write_text(",".join(str(int(t)) for t in prompt[0]) + "\n")
-    manifest = {"size": args.size, "config": asdict(size), "dtype": args.dtype, "seed": args.seed,
+    manifest = {"arch": args.arch, "size": args.size, "config": asdict(size), "dtype": args.dtype, "seed": args.seed,
                 "parameters": params, "prompt_len": p, "new_tokens": args.new_tokens, "max_len": args.max_len,
                 "logits": args.logits, "pte": pte.name, "ptd": ptd.name if ptd else None,
                 "prefill_sizes": prefill_sizes, "device_io": args.device_io}
     if args.reference:
-        ref_lm = build_hf(args.size, args.seed, torch.float32)
+        ref_lm = build_hf(args.size, args.seed, torch.float32, arch=args.arch)
         tokens = hf_greedy(ref_lm, prompt, args.new_tokens)
         # The export wrapper in float32 must agree with HF before anything is
         # compared on the GPU; its logits along HF's tokens are the reference.
@@ -163,7 +167,7 @@ def main(argv=None) -> None:
         (args.out / "expected_tokens.txt").write_text(",".join(map(str, tokens)) + "\n")
         np.stack([lg[0].float().numpy() for lg in logits]).astype(np.float32).tofile(args.out / "expected_logits.f32")
         manifest["reference"] = {"tokens": "expected_tokens.txt", "logits": "expected_logits.f32",
-                                 "how": "transformers LlamaForCausalLM.generate, greedy, float32, CPU"}
+                                 "how": f"transformers {type(ref_lm).__name__}.generate, greedy, float32, CPU"}
         print(f"export_llama: HF greedy reference: {tokens[:12]}...", flush=True)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 

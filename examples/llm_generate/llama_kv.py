@@ -3,6 +3,12 @@ export for generation: a static KV cache (one k and one v buffer per layer,
 updated in place at the positions given), rotary tables and the causal mask
 read by position, and greedy argmax on the device.
 
+The same wrapper takes the decoders built like Llama (ARCHITECTURES): Mistral,
+Qwen2 (biased q/k/v), Qwen3 (per-head q/k RMSNorm, its own head_dim), Gemma
+(scaled embedding, GELU MLP) and Phi-3 (one fused q|k|v projection). Anything
+else, or a feature the wrapper does not reproduce (a sliding window shorter
+than the cache, a partial rotary), is refused by name.
+
     forward(tokens int64 [1, T], positions int64 [T]) -> next token int64 [1]
                                                         (+ logits [1, vocab])
 
@@ -38,6 +44,11 @@ from hf_models import init_weights  # noqa: E402
 DEFAULT_SEED = 20261203
 
 
+# model_type -> the transformers config class (by name) of the decoders KVLlama takes.
+ARCHITECTURES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+                 "qwen3": "Qwen3Config", "gemma": "GemmaConfig", "phi3": "Phi3Config"}
+
+
 @dataclass(frozen=True)
 class LlamaSize:
     hidden: int
@@ -47,14 +58,18 @@ class LlamaSize:
     kv_heads: int
     vocab: int
 
-    def hf_config(self):
-        from transformers import LlamaConfig
+    def hf_config(self, arch: str = "llama"):
+        import transformers
 
-        return LlamaConfig(hidden_size=self.hidden, intermediate_size=self.intermediate,
-                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                           num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
-                           max_position_embeddings=4096, tie_word_embeddings=True,
-                           attn_implementation="sdpa")
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"architecture {arch!r}: the wrapper takes {', '.join(ARCHITECTURES)}")
+        extra = {"head_dim": self.hidden // self.heads} if arch in ("qwen3", "gemma") else {}
+        if arch == "phi3":
+            extra["pad_token_id"] = 0  # Phi-3's default pad id is past a small vocabulary
+        return getattr(transformers, ARCHITECTURES[arch])(
+            hidden_size=self.hidden, intermediate_size=self.intermediate, num_hidden_layers=self.layers,
+            num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
+            max_position_embeddings=4096, tie_word_embeddings=True, attn_implementation="sdpa", **extra)
 
 
 SIZES = {
@@ -67,11 +82,12 @@ SIZES = {
 }
 
 
-def build_hf(size: str, seed: int = DEFAULT_SEED, dtype: torch.dtype = torch.float32):
-    """LlamaForCausalLM from the named size, seeded weights, eval mode."""
-    from transformers import LlamaForCausalLM
+def build_hf(size: str, seed: int = DEFAULT_SEED, dtype: torch.dtype = torch.float32, arch: str = "llama"):
+    """The causal LM of `arch` (LlamaForCausalLM by default) from the named size, seeded weights,
+    eval mode."""
+    from transformers import AutoModelForCausalLM
 
-    lm = LlamaForCausalLM(SIZES[size].hf_config())
+    lm = AutoModelForCausalLM.from_config(SIZES[size].hf_config(arch))
     return init_weights(lm.eval(), seed).to(dtype)
 
 
@@ -84,13 +100,21 @@ class KVLlama(nn.Module):
     def __init__(self, lm: nn.Module, max_len: int, return_logits: bool = False):
         super().__init__()
         cfg = lm.config
+        if cfg.model_type not in ARCHITECTURES:
+            raise ValueError(f"{type(lm).__name__} (model_type {cfg.model_type!r}) is not one the wrapper takes: "
+                             f"{', '.join(ARCHITECTURES)}")
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        if window is not None and window < max_len:
+            raise ValueError(f"a sliding window of {window} positions is shorter than the cache's {max_len}; the "
+                             "wrapper attends over the whole cache")
         self.lm = lm
         self.max_len = max_len
         self.return_logits = return_logits
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        attn0 = lm.model.layers[0].self_attn
+        self.scale = getattr(attn0, "scaling", 1.0 / math.sqrt(self.head_dim))
         dtype = lm.model.embed_tokens.weight.dtype
         for i in range(cfg.num_hidden_layers):
             shape = (1, self.kv_heads, max_len, self.head_dim)
@@ -100,6 +124,9 @@ class KVLlama(nn.Module):
         device = lm.model.embed_tokens.weight.device
         probe = torch.zeros(1, max_len, self.head_dim, dtype=torch.float32, device=device)
         cos, sin = lm.model.rotary_emb(probe, torch.arange(max_len, device=device)[None])
+        if cos.shape[-1] != self.head_dim:
+            raise ValueError(f"the rotary covers {cos.shape[-1]} of head_dim {self.head_dim} (a partial rotary); the "
+                             "wrapper rotates whole heads")
         self.register_buffer("cos_table", cos[0].to(dtype))
         self.register_buffer("sin_table", sin[0].to(dtype))
         self.register_buffer("key_positions", torch.arange(max_len, device=device))
@@ -118,9 +145,7 @@ class KVLlama(nn.Module):
         for i, layer in enumerate(self.lm.model.layers):
             attn = layer.self_attn
             y = layer.input_layernorm(x)
-            q = attn.q_proj(y).view(1, t, h, hd).transpose(1, 2)
-            k = attn.k_proj(y).view(1, t, kv, hd).transpose(1, 2)
-            v = attn.v_proj(y).view(1, t, kv, hd).transpose(1, 2)
+            q, k, v = self._qkv(attn, y, t)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k_cache = getattr(self, f"k_cache_{i}")
@@ -137,6 +162,18 @@ class KVLlama(nn.Module):
         logits = self.lm.lm_head(last)  # [1, vocab]
         token = torch.argmax(logits, dim=-1)  # [1]
         return (token, logits) if self.return_logits else token
+
+    def _qkv(self, attn: nn.Module, y: torch.Tensor, t: int):
+        """q [1, heads, T, hd], k and v [1, kv_heads, T, hd] of one layer, before the rotary."""
+        h, kv, hd = self.heads, self.kv_heads, self.head_dim
+        if hasattr(attn, "qkv_proj"):  # Phi-3: one projection, q | k | v
+            q, k, v = attn.qkv_proj(y).split([h * hd, kv * hd, kv * hd], dim=-1)
+        else:
+            q, k, v = attn.q_proj(y), attn.k_proj(y), attn.v_proj(y)
+        q, k, v = q.view(1, t, h, hd), k.view(1, t, kv, hd), v.view(1, t, kv, hd)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def reset(self) -> None:
         for name, buf in self.named_buffers():
@@ -173,4 +210,4 @@ def kv_greedy(model: KVLlama, prompt: torch.Tensor, new_tokens: int) -> tuple[li
     return tokens, logits_seen
 
 
-__all__ = ["SIZES", "LlamaSize", "KVLlama", "build_hf", "hf_greedy", "kv_greedy", "DEFAULT_SEED"]
+__all__ = ["ARCHITECTURES", "SIZES", "LlamaSize", "KVLlama", "build_hf", "hf_greedy", "kv_greedy", "DEFAULT_SEED"]

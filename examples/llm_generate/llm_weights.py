@@ -34,15 +34,15 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from llama_kv import DEFAULT_SEED, SIZES, build_hf  # noqa: E402
+from llama_kv import ARCHITECTURES, DEFAULT_SEED, SIZES, build_hf  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MIN_BYTES = 4096  # smaller weights stay in the skeleton as they are
 
 
-def weight_bytes(size: str, seed: int, dtype: str) -> dict[str, bytes]:
+def weight_bytes(size: str, seed: int, dtype: str, arch: str = "llama") -> dict[str, bytes]:
     """Each distinct floating tensor of the seeded model, as raw bytes."""
-    lm = build_hf(size, seed, DTYPES[dtype])
+    lm = build_hf(size, seed, DTYPES[dtype], arch=arch)
     out, seen = {}, set()
     for key, t in lm.state_dict(keep_vars=True).items():
         if not t.is_floating_point() or t.data_ptr() in seen:
@@ -71,7 +71,7 @@ def pack(args: argparse.Namespace) -> None:
     t0 = time.time()
     data = bytearray(args.ptd.read_bytes())
     digest = hashlib.sha256(data).hexdigest()
-    weights = weight_bytes(args.size, args.seed, args.dtype)
+    weights = weight_bytes(args.size, args.seed, args.dtype, args.arch)
     # A segment is one weight or several one after another (merged
     # projections): match from its start, weight by weight, by a 64-byte
     # prefix and then in full.
@@ -100,7 +100,7 @@ def pack(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with lzma.open(args.out / "skeleton.ptd.xz", "wb", preset=6) as f:
         f.write(data)
-    recipe = {"size": args.size, "seed": args.seed, "dtype": args.dtype, "ptd_bytes": len(data),
+    recipe = {"arch": args.arch, "size": args.size, "seed": args.seed, "dtype": args.dtype, "ptd_bytes": len(data),
               "ptd_sha256": digest, "regions": regions}
     (args.out / "recipe.json").write_text(json.dumps(recipe, indent=0) + "\n")
     packed = (args.out / "skeleton.ptd.xz").stat().st_size
@@ -115,7 +115,7 @@ def unpack(args: argparse.Namespace) -> None:
         data = bytearray(f.read())
     if len(data) != recipe["ptd_bytes"]:
         sys.exit(f"llm_weights: skeleton has {len(data)} bytes, recipe says {recipe['ptd_bytes']}")
-    weights = weight_bytes(recipe["size"], recipe["seed"], recipe["dtype"])
+    weights = weight_bytes(recipe["size"], recipe["seed"], recipe["dtype"], recipe.get("arch", "llama"))
     for r in recipe["regions"]:
         b = weights.get(r["key"])
         if b is None or len(b) != r["nbytes"]:
@@ -137,6 +137,7 @@ def main(argv=None) -> None:
     a = sub.add_parser("pack")
     a.add_argument("--ptd", type=Path, required=True)
     a.add_argument("--size", choices=sorted(SIZES), required=True)
+    a.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama")
     a.add_argument("--dtype", choices=sorted(DTYPES), required=True)
     a.add_argument("--seed", type=int, default=DEFAULT_SEED)
     a.add_argument("--out", type=Path, required=True)

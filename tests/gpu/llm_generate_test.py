@@ -97,7 +97,7 @@ def check(binary: str, folder: Path, fp16_min_match: int) -> bool:
     expected = [int(t) for t in (folder / "expected_tokens.txt").read_text().replace(",", " ").split()]
     ref_logits = np.fromfile(folder / "expected_logits.f32", dtype=np.float32).reshape(len(expected), vocab)
     logits_file = Path("/tmp") / f"llm_logits_{dtype}.f32"
-    print(f"{folder.name}: {manifest['size']} Llama ({manifest['parameters'] / 1e6:.1f}M parameters), {dtype}, "
+    print(f"{folder.name}: {manifest['size']} {manifest.get('arch', 'llama')} ({manifest['parameters'] / 1e6:.1f}M parameters), {dtype}, "
           f"prompt {manifest['prompt_len']}, {manifest['new_tokens']} new tokens")
     rc, out = run(binary, folder, manifest, ["--logits_out", str(logits_file)])
     got = tokens_of(out)

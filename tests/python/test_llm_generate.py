@@ -152,6 +152,74 @@ def test_other_llama_shapes_compile_whole(tmp_path, shape):
         assert not {"cat", "slice_copy", "softmax", "bmm", "expand_copy"} & set(labels), labels
 
 
+OTHER_ARCHITECTURES = ["mistral", "qwen2", "qwen3", "gemma", "phi3"]
+
+
+@pytest.mark.parametrize("arch", OTHER_ARCHITECTURES)
+def test_wrapper_matches_hf_for_other_architectures(arch):
+    """The export wrapper reproduces each architecture it takes (Qwen2's biased q/k/v, Qwen3's
+    per-head q/k norms and own head_dim, Gemma's scaled embedding and GELU, Phi-3's fused q|k|v):
+    HF greedy's tokens, and HF's float32 logits along them within 1e-5."""
+    lm = build_hf("tiny", seed=3, arch=arch)
+    assert lm.config.model_type == arch
+    prompt = torch.randint(1, 512, (1, 7), generator=torch.Generator().manual_seed(4))
+    reference = hf_greedy(lm, prompt, 10)
+    tokens, logits = kv_greedy(KVLlama(lm, 32, return_logits=True).eval(), prompt, 10)
+    assert tokens == reference
+    with torch.no_grad():
+        hf_logits = lm(torch.cat([prompt, torch.tensor([reference[:-1]])], dim=1)).logits[0, prompt.shape[1] - 1:]
+    for step, (mine, theirs) in enumerate(zip(logits, hf_logits)):
+        assert float((mine[0] - theirs).norm() / theirs.norm()) < 1e-5, (arch, step)
+
+
+@pytest.mark.parametrize("arch", OTHER_ARCHITECTURES)
+def test_other_architectures_compile_whole(tmp_path, arch):
+    """Each of them in bfloat16, decode and a 5-token prefill: nothing left to the CPU, attention
+    one step a layer reading the cache in place, argmax on the GPU, and no copy of a slice of the
+    merged q|k|v projection (Qwen3's per-head norms read their columns in place)."""
+    import kiln
+
+    lm = build_hf("tiny", seed=11, dtype=torch.bfloat16, arch=arch)
+    model = KVLlama(lm, 32).eval()
+    for t in (1, 5):
+        example = (torch.randint(1, 512, (1, t), generator=torch.Generator().manual_seed(t)), torch.arange(3, 3 + t))
+        debug = tmp_path / f"t{t}"
+        compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=debug)
+        assert not compiled.summary.ops_on_cpu, (t, compiled.summary.ops_on_cpu)
+        plan = next(debug.glob("partition_0/*_lower.txt")).read_text()
+        labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
+        assert labels.count("attention") == lm.config.num_hidden_layers, labels
+        assert labels[-1] == "argmax", labels
+        assert not {"cat", "slice_copy", "softmax", "bmm", "expand_copy"} & set(labels), labels
+
+
+def test_export_llama_takes_another_architecture(tmp_path):
+    """export_llama.py --arch qwen3: the file, its manifest and HF's reference tokens."""
+    export_llama.main(["--arch", "qwen3", "--size", "tiny", "--prompt-len", "5", "--new-tokens", "6", "--reference",
+                       "--out", str(tmp_path)])
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["arch"] == "qwen3" and manifest["pte"] == "qwen3_tiny_float32.pte"
+    assert manifest["reference"]["how"].startswith("transformers Qwen3ForCausalLM.generate")
+    assert (tmp_path / "expected_tokens.txt").read_text().count(",") == 5
+    assert "shared with method 'prefill'" in describe(inspect_pte(tmp_path / "qwen3_tiny_float32.pte"))
+
+
+def test_wrapper_refuses_what_it_does_not_reproduce():
+    from transformers import AutoModelForCausalLM, GraniteConfig, MistralConfig
+
+    granite = AutoModelForCausalLM.from_config(GraniteConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                                             num_attention_heads=4, num_key_value_heads=2,
+                                                             vocab_size=512))
+    with pytest.raises(ValueError, match=r"model_type 'granite'\) is not one the wrapper takes: llama, mistral"):
+        KVLlama(granite, 32)
+    windowed = AutoModelForCausalLM.from_config(MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                                              num_attention_heads=4, num_key_value_heads=2,
+                                                              vocab_size=512, sliding_window=16))
+    with pytest.raises(ValueError, match="a sliding window of 16 positions is shorter than the cache's 32"):
+        KVLlama(windowed, 32)
+    KVLlama(windowed, 16)  # a window as long as the cache changes nothing
+
+
 def test_weight_recipe_rebuilds_the_ptd(exported, tmp_path):
     ptd = exported / "llama_tiny_float32.ptd"
     llm_weights.main(["pack", "--ptd", str(ptd), "--size", "tiny", "--dtype", "float32", "--out", str(tmp_path)])
