@@ -337,7 +337,9 @@ int fold_decode_layers(const ir::Graph& graph, ExecPlan& plan, const ops::OpOpti
     ++start;
   }
   if (start == plan.ops.size())
-    return not_folded("nothing to fold here: no one-token decode layer (a prefill method has none)");
+    return not_folded("nothing to fold here: no one-token decode layer (no q|k|v matrix-vector product carrying "
+                      "its layer's rotary and cache writes: a prefill method has none, nor a layer of another form, "
+                      "e.g. with per-head q/k norms)");
   Matcher m(graph, plan);
   const GemmPlan& first = *plan.ops[start].as<GemmPlan>();
   const ir::Value& x0 = graph.value(first.a);

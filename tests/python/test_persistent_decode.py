@@ -121,8 +121,36 @@ def test_a_prefill_says_there_is_nothing_to_fold(capsys):
         del llama_kv.SIZES["_persistent_test"]
     prefill = torch.export.export(KVLlama(lm, MAX_LEN).eval(), (torch.tensor([[3, 4, 5, 6]]), torch.arange(4)))
     _, lines = compile_decode(prefill, capsys, target_sms=[90], persistent_decode=True)
-    assert lines == ["kiln: persistent_decode: not applied: nothing to fold here: no one-token decode layer "
-                     "(a prefill method has none)"]
+    assert lines == ["kiln: persistent_decode: not applied: nothing to fold here: no one-token decode layer (no "
+                     "q|k|v matrix-vector product carrying its layer's rotary and cache writes: a prefill method has "
+                     "none, nor a layer of another form, e.g. with per-head q/k norms)"]
+
+
+# The kernel computes Llama's layer and nothing else: Mistral's is the same and folds; the others'
+# differences (q|k|v biases, per-head q/k norms, Gemma's 1 + weight norms and GELU, Phi-3's fused
+# projection) each keep the usual plan, with the reason, and never a kernel that drops them.
+@pytest.mark.parametrize("arch,says", [
+    ("mistral", None),
+    ("qwen2", "q|k|v is not a one-row product with a constant weight"),
+    ("qwen3", "nor a layer of another form, e.g. with per-head q/k norms"),
+    ("gemma", "an RMSNorm weight is not a constant of the model's dtype"),
+    ("phi3", "nothing to fold here"),
+])
+def test_other_architectures_fold_only_as_llama(arch, says, capsys):
+    shape = LlamaSize(hidden=1024, intermediate=4096, layers=1, heads=16, kv_heads=8, vocab=512)
+    llama_kv.SIZES["_persistent_test"] = shape
+    try:
+        lm = llama_kv.build_hf("_persistent_test", seed=5, dtype=torch.bfloat16, arch=arch)
+    finally:
+        del llama_kv.SIZES["_persistent_test"]
+    program = torch.export.export(KVLlama(lm, MAX_LEN).eval(), (torch.tensor([[3]]), torch.tensor([7])))
+    compiled, lines = compile_decode(program, capsys, target_sms=[90], persistent_decode=True)
+    assert len(lines) == 1, lines
+    if says is None:
+        assert "are one persistent kernel" in lines[0], lines
+    else:
+        assert "not applied" in lines[0] and says in lines[0], lines
+    assert compiled.summary.ops_on_cpu == {}
 
 
 def test_not_without_the_option(bench_decode, capsys):
