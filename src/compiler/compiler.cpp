@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -563,20 +564,30 @@ class Pipeline {
   int count_ = 0;
 };
 
-// The index inputs' bounds (input_bounds.h), found on the graph as it came (before passes fuse
-// the index ops away) and matched to the engine's inputs by name.
-void record_input_bounds(const ir::Graph& input, engine::EngineDesc* desc) {
-  std::vector<engine::InputBound> bounds;
-  for (engine::InputBound& b : input_index_bounds(input)) {
-    const std::string& name = input.value(input.inputs()[b.input]).name;
-    for (size_t i = 0; i < desc->inputs.size(); ++i)
-      if (desc->tensors[desc->inputs[i]].name == name) {
-        b.input = static_cast<uint32_t>(i);
-        bounds.push_back(std::move(b));
-        break;
-      }
-  }
-  if (!bounds.empty()) desc->metadata.emplace_back(engine::kInputBoundsKey, engine::format_input_bounds(bounds));
+// The index inputs' bounds (input_bounds.h): found on the graph as it came (before passes fuse
+// the index ops away), then narrowed by the steps that took their place (the persistent decode
+// kernel's positions), matched to the engine's inputs by name.
+void record_input_bounds(const ir::Graph& input, const ir::Graph& planned, const passes::ExecPlan& plan,
+                         engine::EngineDesc* desc) {
+  std::map<uint32_t, engine::InputBound> bounds;  // by engine input
+  auto add = [&](const std::string& name, int64_t lo, int64_t hi, const std::string& what) {
+    for (uint32_t e = 0; e < desc->inputs.size(); ++e) {
+      if (desc->tensors[desc->inputs[e]].name != name) continue;
+      auto [it, fresh] = bounds.try_emplace(e, engine::InputBound{e, lo, hi, what});
+      if (!fresh) intersect_bound(it->second, lo, hi, what);
+      return;
+    }
+  };
+  for (const engine::InputBound& b : input_index_bounds(input))
+    add(input.value(input.inputs()[b.input]).name, b.lo, b.hi, b.what);
+  for (const ops::PlannedOp& op : plan.ops)
+    for (const ops::ValueRange& r : op.plan->index_ranges())
+      if (std::find(planned.inputs().begin(), planned.inputs().end(), r.value) != planned.inputs().end())
+        add(planned.value(r.value).name, r.lo, r.hi, r.what);
+  std::vector<engine::InputBound> kept;
+  for (auto& [e, b] : bounds)
+    if (b.lo < b.hi) kept.push_back(std::move(b));
+  if (!kept.empty()) desc->metadata.emplace_back(engine::kInputBoundsKey, engine::format_input_bounds(kept));
 }
 
 }  // namespace
@@ -610,7 +621,7 @@ engine::EngineDesc compile_to_desc(const ir::Graph& input, const CompileOptions&
                       " fused kernels, computing in " + engine::dtype_name(compute));
   Lowering lowering(graph, plan);
   engine::EngineDesc desc = lowering.run(options, compute);
-  record_input_bounds(input, &desc);
+  record_input_bounds(input, graph, plan, &desc);
   pipeline.dump_steps(desc, lowering.kernel_source());
   return desc;
 }

@@ -43,21 +43,22 @@ std::vector<engine::InputBound> input_index_bounds(const ir::Graph& graph) {
       auto in = input_number.find(id);
       if (in == input_number.end() || !is_integer(graph.value(id).dtype)) continue;
       auto [it, fresh] = bounds.try_emplace(in->second);
-      engine::InputBound& b = it->second;
-      if (fresh) {
-        b = {static_cast<uint32_t>(in->second), r.lo, r.hi, r.what};
-      } else if (r.hi - r.lo < b.hi - b.lo || (r.lo > b.lo || r.hi < b.hi)) {
-        // Several uses: the values must suit every one; the message names the tightest.
-        if (r.hi - r.lo < b.hi - b.lo) b.what = r.what;
-        b.lo = std::max(b.lo, r.lo);
-        b.hi = std::min(b.hi, r.hi);
-      }
+      if (fresh)
+        it->second = {static_cast<uint32_t>(in->second), r.lo, r.hi, r.what};
+      else  // several uses: the values must suit every one
+        intersect_bound(it->second, r.lo, r.hi, r.what);
     }
   }
   std::vector<engine::InputBound> out;
   for (auto& [input, b] : bounds)
     if (b.lo < b.hi) out.push_back(std::move(b));
   return out;
+}
+
+void intersect_bound(engine::InputBound& b, int64_t lo, int64_t hi, const std::string& what) {
+  if (hi - lo < b.hi - b.lo) b.what = what;
+  b.lo = std::max(b.lo, lo);
+  b.hi = std::min(b.hi, hi);
 }
 
 }  // namespace kiln::compiler

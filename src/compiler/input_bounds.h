@@ -4,6 +4,7 @@
 // of a kernel clamping it into a wrong answer.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "engine_format/input_bounds.h"
@@ -15,5 +16,9 @@ namespace kiln::compiler {
 // permutes, identity copies, widening integer casts), intersected per input. Input numbers are
 // positions in graph.inputs(), which are the engine's inputs in order.
 std::vector<engine::InputBound> input_index_bounds(const ir::Graph& graph);
+
+// Narrows `b` to [lo, hi) as well (an empty range leaves lo >= hi); the message names the
+// tighter side's `what`.
+void intersect_bound(engine::InputBound& b, int64_t lo, int64_t hi, const std::string& what);
 
 }  // namespace kiln::compiler

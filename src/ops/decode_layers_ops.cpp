@@ -18,6 +18,16 @@ int64_t head_dim_of(int64_t rank, int64_t w, int64_t head_dim) {
 
 }  // namespace
 
+std::vector<ValueRange> DecodeLayersPlan::index_ranges() const {
+  std::vector<ValueRange> ranges = {{positions, 0, shape.max_len,
+                                     "the persistent decode kernel's cache positions (max_len " +
+                                         std::to_string(shape.max_len) + ")"}};
+  if (shape.embed_rows > 0)
+    ranges.push_back({token_in, 0, shape.embed_rows,
+                      "the persistent decode kernel's embedding rows (" + std::to_string(shape.embed_rows) + ")"});
+  return ranges;
+}
+
 std::vector<int> DecodeLayersPlan::reads() const {
   std::vector<int> r{x, positions, cos_table, sin_table};
   for (const Layer& l : layers)

@@ -45,6 +45,9 @@ struct DecodeLayersPlan : StepPlanBase<DecodeLayersPlan> {
 
   std::vector<int> reads() const override;
   int writes() const override { return shape.vocab > 0 ? token : out; }
+  // The kernel writes no cache row for a position outside [0, max_len) and returns NaN: negative
+  // positions, which the cache update it replaces would wrap, are refused instead.
+  std::vector<ValueRange> index_ranges() const override;
   std::vector<int> also_writes() const override;
   void lower(LowerContext& ctx, engine::Step& step) const override;
 };

@@ -48,12 +48,22 @@ class LowerContext {
   static engine::KernelArg int_arg(int64_t v);
 };
 
+// A value a step reads as indices and the values it can take, [lo, hi) (what: what they index).
+struct ValueRange {
+  int value = -1;
+  int64_t lo = 0, hi = 0;
+  std::string what;
+};
+
 // One engine step an op planned. Value ids refer to the graph.
 class StepPlan {
  public:
   virtual ~StepPlan() = default;
   virtual std::vector<int> reads() const = 0;
   virtual int writes() const = 0;
+  // Values the step reads as indices in a narrower range than the ops it computes take
+  // (OpDef::index_ranges): recorded for the graph inputs among them (compiler/input_bounds.h).
+  virtual std::vector<ValueRange> index_ranges() const { return {}; }
   // Further values the step writes (a launch group: each member's result).
   virtual std::vector<int> also_writes() const { return {}; }
   // Fills `step` (kind and payload; the label is set by the caller).

@@ -64,8 +64,16 @@ def test_the_layers_become_one_step(max_len, per_layer, tmp_path, capsys):
     kiln.save(compiled, pte)
     info = inspect_pte(pte)
     engine, fallback = info["engines"]
-    titles = [line for line in describe(info).splitlines() if line.startswith("engine ")]
+    text = describe(info)
+    titles = [line for line in text.splitlines() if line.startswith("engine ")]
     assert titles[0].startswith("engine 0 (KilnBackend in 'decode'): ")
+    # The kernel takes positions in [0, max_len) only (the cache update it replaced wraps negative
+    # ones): its engine refuses the rest before a launch; the fallback keeps PyTorch's range.
+    positions = [line for line in text.splitlines() if line.startswith("  input 1: positions")]
+    assert len(positions) == 2, positions
+    assert f"indexes the persistent decode kernel's cache positions (max_len {max_len}): values in [0, {max_len})" \
+        in positions[0], positions
+    assert f"values in [-{max_len}, {max_len})" in positions[1], positions
     assert titles[1].startswith("engine 0 (KilnBackend in 'decode') fallback 1 (runs where the engine before it cannot")
     # The usual engine rides along as the persistent one's fallback (alternatives of one variant set),
     # on the same named weights: nothing stored twice.
