@@ -424,6 +424,8 @@ const std::vector<Pass>& passes() {
   static const std::vector<Pass> kPasses = {
       {"verify", [](PassState& s, const CompileOptions&, engine::DType) { s.graph.verify(); }},
       {"fold_constants", [](PassState& s, const CompileOptions&, engine::DType) { passes::fold_constants(s.graph); }},
+      {"splits_to_slices",
+       [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::splits_to_slices(s.graph); }},
       {"common_subexpressions",
        [](PassState& s, const CompileOptions&, engine::DType) { s.graph = passes::merge_common_subexpressions(s.graph); }},
       {"fold_batch_norm",

@@ -59,6 +59,12 @@ ir::Graph apply_precision(const ir::Graph& graph, engine::DType compute);
 // else reads are dropped (attention_layout.cpp). Runs just before fuse().
 void attention_operand_layouts(ir::Graph& graph);
 
+// Each piece of a split (split_with_sizes_copy, split_copy: a fused q|k|v or gate|up
+// projection's chunks) becomes a slice node of the split's input, so its readers read it in place
+// as they read any slice, not through a layout kernel a piece (split_to_slices.cpp). Splits of
+// constants are left to fold_constants.
+ir::Graph splits_to_slices(const ir::Graph& graph);
+
 // Linears reading the same input with constant weights of one width, whose
 // results only feed attention operands (query/key/value projections),
 // become one GEMM over the stacked weights; each result is a slice of it

@@ -250,13 +250,46 @@ TEST_F(CompilerPipeline, CatAndSplitBecomeOneLayoutKernelPerPiece) {
   engine::EngineDesc d = compiler::compile_to_desc(g, {});
   ASSERT_EQ(d.steps.size(), 4u);
   EXPECT_EQ(d.steps[0].label, "cat");
-  EXPECT_EQ(d.steps[2].label, "split_with_sizes_copy");
+  EXPECT_EQ(d.steps[2].label, "slice_copy");  // each piece of the split is a slice (splits_to_slices)
   const std::string& src = d.modules[0].source;
   // y lands at column 3 of the [4, 8] result: base 3, row stride 8.
   EXPECT_NE(src.find("out[3LL + ((i / 1LL) % 5LL) * 1LL + ((i / 5LL) % 4LL) * 8LL]"), std::string::npos) << src;
   // The second split piece starts at column 6.
   EXPECT_NE(src.find("in0[6LL + ((i / 1LL) % 2LL) * 1LL + ((i / 2LL) % 4LL) * 8LL]"), std::string::npos) << src;
   EXPECT_EQ(d.arena_bytes, 256u) << "the [4, 8] cat result lives in the arena (one 256-byte slot)";
+}
+
+// A fused projection's chunks (Phi-3's gate|up, GPT-2's c_attn): each piece of the split is read
+// in place by the arithmetic that uses it, with no layout kernel, whether the split gives its sizes
+// or one chunk size.
+TEST_F(CompilerPipeline, SplitPiecesAreReadInPlaceByTheirElementwiseReaders) {
+  for (const bool sizes : {true, false}) {
+    SCOPED_TRACE(sizes ? "split_with_sizes_copy" : "split_copy");
+    ir::Graph g;
+    int x = g.add_input("x", DType::kFloat32, {4, 12});
+    std::map<std::string, ir::Attr> attrs = {{"dim", int64_t{-1}}};
+    if (sizes)
+      attrs["split_sizes"] = std::vector<int64_t>{4, 4, 4};
+    else
+      attrs["split_size"] = int64_t{4};
+    int split = g.add_node(sizes ? "aten.split_with_sizes_copy.default" : "aten.split_copy.Tensor", "split", {x},
+                           attrs, {{DType::kFloat32, {4, 4}}, {DType::kFloat32, {4, 4}}, {DType::kFloat32, {4, 4}}});
+    std::vector<int> outs;
+    for (int i = 0; i < 3; ++i)
+      outs.push_back(g.nodes()[g.add_node("aten.relu.default", "r" + std::to_string(i), {g.nodes()[split].outputs[i]},
+                                          {}, {{DType::kFloat32, {4, 4}}})]
+                         .outputs[0]);
+    g.set_outputs(outs);
+    engine::EngineDesc d = compiler::compile_to_desc(g, {});
+    ASSERT_EQ(d.steps.size(), 3u);
+    for (const engine::Step& step : d.steps) {
+      EXPECT_EQ(step.label, "relu");
+      EXPECT_EQ(step.kernel.args[1].tensor, d.inputs[0]) << "reads x itself";
+    }
+    // The third piece starts at column 8 of x's rows of 12.
+    const std::string& src = d.modules[0].source;
+    EXPECT_NE(src.find("in0[8LL + ((i / 1LL) % 4LL) * 1LL + ((i / 4LL) % 4LL) * 12LL]"), std::string::npos) << src;
+  }
 }
 
 TEST_F(CompilerPipeline, ReductionsGenerateWarpKernels) {
