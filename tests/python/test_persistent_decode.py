@@ -134,15 +134,17 @@ def test_a_prefill_says_there_is_nothing_to_fold(capsys):
                      "none, nor a layer of another form, e.g. with per-head q/k norms)"]
 
 
-# The kernel computes Llama's layer and nothing else: Mistral's is the same and folds; the others'
-# differences (q|k|v biases, per-head q/k norms, Gemma's 1 + weight norms and GELU, Phi-3's fused
-# projection) each keep the usual plan, with the reason, and never a kernel that drops them.
+# The kernel computes Llama's layer and nothing else. Mistral's is the same, and so is Phi-3's once
+# its split q|k|v and chunked gate|up are slices of one product (splits_to_slices), exactly as
+# merge_linears makes Llama's: both fold. The others' differences (q|k|v biases, per-head q/k
+# norms, Gemma's 1 + weight norms and GELU) each keep the usual plan, with the reason, and never a
+# kernel that drops them.
 @pytest.mark.parametrize("arch,says", [
     ("mistral", None),
+    ("phi3", None),
     ("qwen2", "q|k|v is not a one-row product with a constant weight"),
     ("qwen3", "nor a layer of another form, e.g. with per-head q/k norms"),
     ("gemma", "an RMSNorm weight is not a constant of the model's dtype"),
-    ("phi3", "nothing to fold here"),
 ])
 def test_other_architectures_fold_only_as_llama(arch, says, capsys):
     shape = LlamaSize(hidden=1024, intermediate=4096, layers=1, heads=16, kv_heads=8, vocab=512)
