@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <map>
 
+#include "codegen/cuda_dtype.h"
 #include "ops/op_registry.h"
 #include "ops/view_ops.h"
 
 namespace kiln::compiler {
 namespace {
-
-bool is_integer(engine::DType d) { return d == engine::DType::kInt64 || d == engine::DType::kInt32; }
 
 // The value `id` carries unchanged from, or -1: its producer's one tensor input when the
 // producer only reshapes, reorders or widens the same values.
@@ -19,7 +18,7 @@ int passes_values_from(const ir::Graph& graph, int id) {
   const ir::Node& n = graph.nodes()[static_cast<size_t>(producer)];
   if (n.inputs.size() != 1 || n.outputs.size() != 1) return -1;
   const engine::DType from = graph.value(n.inputs[0]).dtype, to = graph.value(id).dtype;
-  if (!is_integer(from) || !is_integer(to)) return -1;
+  if (!codegen::is_integer(from) || !codegen::is_integer(to)) return -1;
   const bool widening = from == to || to == engine::DType::kInt64;
   const bool same_values = ops::is_view_op(n.op) || ops::is_constant_permute_op(n.op) ||
                            ops::is_identity_copy(graph, n) || n.op == "aten.expand_copy.default" ||
@@ -41,7 +40,7 @@ std::vector<engine::InputBound> input_index_bounds(const ir::Graph& graph) {
       int id = node.inputs[static_cast<size_t>(r.input)];
       for (int from = passes_values_from(graph, id); from >= 0; from = passes_values_from(graph, id)) id = from;
       auto in = input_number.find(id);
-      if (in == input_number.end() || !is_integer(graph.value(id).dtype)) continue;
+      if (in == input_number.end() || !codegen::is_integer(graph.value(id).dtype)) continue;
       auto [it, fresh] = bounds.try_emplace(in->second);
       if (fresh)
         it->second = {static_cast<uint32_t>(in->second), r.lo, r.hi, r.what};
