@@ -1,7 +1,5 @@
 #include "ops/norm_ops.h"
 
-#include "ops/layout_ops.h"
-
 #include "ops/gemm_ops.h"
 
 #include <algorithm>
