@@ -1,4 +1,4 @@
-// llm_generate: greedy generation from a Kiln .pte holding `prefill` and
+// llm_generate: generation from a Kiln .pte holding `prefill` and
 // `decode` methods that share weights and a KV cache kept on the GPU
 // (examples/llm_generate/export_llama.py). ExecuTorch's Module and the Kiln
 // delegate only: no libtorch, no Python.
@@ -6,6 +6,13 @@
 //   llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]
 //                [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]
 //                [--warmup W] [--runs R] [--force F] [--device_io]
+//                [--temperature T [--top_k K] [--top_p P] [--seed S]] [--stop 2,3]
+//
+// Greedy by default: each method's own argmax (on the GPU). --temperature T > 0 samples on the
+// host from softmax(logits / T) instead (sampler.h; the program must return its logits: export
+// with --logits), restricted to the top_k largest logits and then to the smallest set reaching
+// probability top_p, as Hugging Face's generate does; --seed makes it repeat (default 0).
+// --stop ids: the generation ends at the first of them it emits (that token included).
 //
 // --device_io: the program was saved with device-resident I/O (export_llama.py --device-io); the
 // tokens stay on the GPU between steps and the host waits once a generation (device_loop.h).
@@ -45,6 +52,7 @@
 #include <executorch/runtime/backend/options.h>
 
 #include "device_loop.h"
+#include "sampler.h"
 
 namespace et = executorch::runtime;
 using executorch::aten::ScalarType;
@@ -56,7 +64,8 @@ namespace {
 constexpr const char* kKiln = "KilnBackend";
 
 struct Flags {
-  std::string model, data_path, prompt, prompt_file, expect, logits_out, force;
+  std::string model, data_path, prompt, prompt_file, expect, logits_out, force, stop;
+  llm::SamplerOptions sampling;
   int new_tokens = 64;
   int warmup = 0, runs = 1;  // whole generations; timings are medians over `runs`
   bool cuda_graphs = true;
@@ -67,7 +76,8 @@ void usage() {
   std::fprintf(stderr,
                "usage: llm_generate --model M.pte [--data_path M.ptd] [--prompt 1,2,3 | --prompt_file F]\n"
                "                    [--new_tokens N] [--expect F] [--logits_out F] [--no_cuda_graphs]\n"
-               "                    [--warmup W] [--runs R] [--force F] [--device_io]\n");
+               "                    [--warmup W] [--runs R] [--force F] [--device_io]\n"
+               "                    [--temperature T [--top_k K] [--top_p P] [--seed S]] [--stop 2,3]\n");
 }
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -89,6 +99,28 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--expect" && value(&f->expect)) continue;
     if (a == "--logits_out" && value(&f->logits_out)) continue;
     if (a == "--force" && value(&f->force)) continue;
+    if (a == "--stop" && value(&f->stop)) continue;
+    double* real = a == "--temperature" ? &f->sampling.temperature : a == "--top_p" ? &f->sampling.top_p : nullptr;
+    if (real != nullptr && value(&n)) {
+      char* end = nullptr;
+      *real = std::strtod(n.c_str(), &end);
+      if (n.empty() || *end != '\0') {
+        std::fprintf(stderr, "llm_generate: %s '%s' is not a number\n", a.c_str(), n.c_str());
+        return false;
+      }
+      continue;
+    }
+    if ((a == "--top_k" || a == "--seed") && value(&n)) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(n.c_str(), &end, 10);
+      if (n.empty() || n[0] == '-' || *end != '\0' || (a == "--top_k" && v > (1ull << 31))) {
+        std::fprintf(stderr, "llm_generate: %s '%s' is not a count >= 0\n", a.c_str(), n.c_str());
+        return false;
+      }
+      if (a == "--top_k") f->sampling.top_k = static_cast<int64_t>(v);
+      else f->sampling.seed = v;
+      continue;
+    }
     if (a == "--no_cuda_graphs") {
       f->cuda_graphs = false;
       continue;
@@ -116,7 +148,14 @@ bool parse_flags(int argc, char** argv, Flags* f) {
   if (f->model.empty()) std::fprintf(stderr, "llm_generate: --model is required\n");
   if (!f->prompt.empty() && !f->prompt_file.empty())
     std::fprintf(stderr, "llm_generate: give --prompt or --prompt_file, not both\n");
-  return !f->model.empty() && (f->prompt.empty() || f->prompt_file.empty());
+  const std::string bad_sampling = llm::sampler_options_invalid(f->sampling);
+  if (!bad_sampling.empty()) std::fprintf(stderr, "llm_generate: %s\n", bad_sampling.c_str());
+  const bool sampling = f->sampling.temperature > 0.0;
+  if (sampling && f->device_io)
+    std::fprintf(stderr, "llm_generate: --device_io keeps the tokens on the GPU, where the program picks them "
+                         "greedily; --temperature samples each step's logits on the host: drop one of them\n");
+  return !f->model.empty() && (f->prompt.empty() || f->prompt_file.empty()) && bad_sampling.empty() &&
+         !(sampling && f->device_io);
 }
 
 // Comma- or whitespace-separated token ids.
@@ -211,10 +250,13 @@ Counters read_counters() {
 
 class Generator {
  public:
-  Generator(Module& m, FILE* logits_out) : module_(m), logits_out_(logits_out) {}
+  // sampler: null for the program's own greedy choice.
+  Generator(Module& m, FILE* logits_out, llm::Sampler* sampler)
+      : module_(m), logits_out_(logits_out), sampler_(sampler) {}
 
-  // Runs `method` on tokens at positions; the next token in *next. Logits
-  // are written when `record` (a prompt's last chunk, every decode step).
+  // Runs `method` on tokens at positions; the next token in *next (the
+  // program's argmax, or the sampler's pick from the logits). Logits are
+  // written, and sampled, when `record` (a prompt's last chunk, every decode step).
   bool step(const char* method, std::vector<int64_t> tokens, std::vector<int64_t> positions, int64_t* next,
             bool record = true) {
     const auto t = static_cast<executorch::aten::SizesType>(tokens.size());
@@ -231,11 +273,22 @@ class Generator {
       return false;
     }
     *next = (*out)[0].toTensor().const_data_ptr<int64_t>()[0];
-    if (record && logits_out_ != nullptr && out->size() > 1 && (*out)[1].isTensor()) {
+    const bool want_row = record && (logits_out_ != nullptr || sampler_ != nullptr);
+    if (want_row && out->size() > 1 && (*out)[1].isTensor()) {
       const auto& lg = (*out)[1].toTensor();
       row_.resize(static_cast<size_t>(lg.numel()));
       for (size_t i = 0; i < row_.size(); ++i) row_[i] = to_float(lg, i);
-      std::fwrite(row_.data(), sizeof(float), row_.size(), logits_out_);
+      if (logits_out_ != nullptr) std::fwrite(row_.data(), sizeof(float), row_.size(), logits_out_);
+      if (sampler_ != nullptr) {
+        std::string why;
+        if ((*next = sampler_->pick(row_.data(), row_.size(), &why)) < 0) {
+          std::fprintf(stderr, "llm_generate: %s: cannot sample: %s\n", method, why.c_str());
+          return false;
+        }
+      }
+    } else if (record && sampler_ != nullptr) {
+      std::fprintf(stderr, "llm_generate: %s returned no logits to sample\n", method);
+      return false;
     }
     return true;
   }
@@ -243,8 +296,16 @@ class Generator {
  private:
   Module& module_;
   FILE* logits_out_;
+  llm::Sampler* sampler_;
   std::vector<float> row_;
 };
+
+// Where the generation ends: the index just past the first stop token in `tokens`, or its size.
+size_t stop_at(const std::vector<int64_t>& tokens, const std::vector<int64_t>& stop) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (std::find(stop.begin(), stop.end(), tokens[i]) != stop.end()) return i + 1;
+  return tokens.size();
+}
 
 }  // namespace
 
@@ -286,6 +347,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::vector<int64_t> stop;  // --stop: the ids that end a generation
+  if (!flags.stop.empty() && !parse_ids(flags.stop, "--stop", &stop)) return 2;
   const std::vector<int64_t> chunk_sizes = prefill_sizes(module);
   if (flags.device_io && !chunk_sizes.empty()) {
     std::fprintf(stderr, "llm_generate: --device_io takes a program with a fixed prompt length (this one's "
@@ -306,11 +369,11 @@ int main(int argc, char** argv) {
   // this names the flag.
   int64_t vocab = 0;
   if (auto names = module.method_names(); names.ok() && names->count("get_vocab_size") && constant(module, "get_vocab_size", &vocab))
-    for (const std::vector<int64_t>* ids : {&prompt, &forced})
+    for (const std::vector<int64_t>* ids : {&prompt, &forced, &stop})
       for (size_t i = 0; i < ids->size(); ++i)
         if ((*ids)[i] >= vocab) {
           std::fprintf(stderr, "llm_generate: %s token %zu is %lld; this model's vocabulary is %lld ids (0 to %lld)\n",
-                       ids == &prompt ? "prompt" : "--force", i, static_cast<long long>((*ids)[i]),
+                       ids == &prompt ? "prompt" : ids == &stop ? "--stop" : "--force", i, static_cast<long long>((*ids)[i]),
                        static_cast<long long>(vocab), static_cast<long long>(vocab - 1));
           return 2;
         }
@@ -321,8 +384,24 @@ int main(int argc, char** argv) {
                  static_cast<long long>(max_len));
     return 2;
   }
-  std::printf("%s: prompt %lld tokens, KV cache %lld positions, %d new tokens\n", flags.model.c_str(),
+  const bool sampling = flags.sampling.temperature > 0.0;
+  if (sampling) {  // the tokens come from the logits: both methods must return them
+    for (const char* m : {"prefill", "decode"}) {
+      auto meta = module.method_meta(m);
+      if (meta.ok() && meta->num_outputs() < 2) {
+        std::fprintf(stderr, "llm_generate: --temperature samples the logits, and this program's '%s' returns "
+                             "only its argmax token (export it with export_llama.py --logits)\n", m);
+        return 2;
+      }
+    }
+  }
+  std::printf("%s: prompt %lld tokens, KV cache %lld positions, %d new tokens", flags.model.c_str(),
               static_cast<long long>(prompt_len), static_cast<long long>(max_len), flags.new_tokens);
+  if (sampling)
+    std::printf(", sampled (temperature %g, top_k %lld, top_p %g, seed %llu)", flags.sampling.temperature,
+                static_cast<long long>(flags.sampling.top_k), flags.sampling.top_p,
+                static_cast<unsigned long long>(flags.sampling.seed));
+  std::printf("\n");
   // The program checks out; running it needs the GPU.
   et::BackendInterface* kiln = et::get_backend_class(kKiln);
   if (kiln == nullptr || !kiln->is_available()) {
@@ -386,11 +465,14 @@ int main(int argc, char** argv) {
         return 1;
       }
       if (last) after = read_counters();
+      // The steps were enqueued ahead, so all of them ran; the tokens past a stop token are dropped.
+      tokens.resize(stop_at(tokens, stop));
       if (last && logits != nullptr) std::fwrite(logit_rows.data(), sizeof(float), logit_rows.size(), logits);
       if (!record(run, t0, t1, t2)) return 1;
       continue;
     }
-    Generator gen(module, last ? logits : nullptr);
+    llm::Sampler sampler(flags.sampling);  // each generation draws the same numbers: it repeats
+    Generator gen(module, last ? logits : nullptr, sampling ? &sampler : nullptr);
     tokens.clear();
     int64_t next = 0;
     const auto t0 = clock::now();
@@ -411,7 +493,8 @@ int main(int argc, char** argv) {
     const auto t1 = clock::now();
     tokens.push_back(next);
     if (last) before = read_counters();
-    for (int i = 1; i < flags.new_tokens; ++i) {
+    // Up to new_tokens, or past the first stop token emitted.
+    for (int i = 1; i < flags.new_tokens && std::find(stop.begin(), stop.end(), next) == stop.end(); ++i) {
       const int64_t fed = forced.empty() ? next : forced[static_cast<size_t>(i - 1)];
       if (!gen.step("decode", {fed}, {prompt_len + i - 1}, &next)) return 1;
       tokens.push_back(next);
@@ -427,7 +510,10 @@ int main(int argc, char** argv) {
   };
   const double ttft_ms = median(ttfts);
   const double decode_s = median(decodes);
-  const int steps = flags.new_tokens - 1;
+  // Decode steps run: every one with --device_io (enqueued ahead), else up to the stop token.
+  const int steps = flags.device_io ? flags.new_tokens - 1 : static_cast<int>(tokens.size()) - 1;
+  if (tokens.size() < static_cast<size_t>(flags.new_tokens))
+    std::printf("stopped at token %zu (%lld, a --stop id)\n", tokens.size() - 1, static_cast<long long>(tokens.back()));
   std::printf("tokens:");
   for (int64_t t : tokens) std::printf(" %lld", static_cast<long long>(t));
   std::string chunks;

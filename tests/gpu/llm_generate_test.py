@@ -88,6 +88,30 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def check_sampling(binary: str, folder: Path, manifest: dict, greedy: list[int]) -> bool:
+    """The host sampler on the program's logits (llm_generate --temperature): top_k 1 is the
+    greedy choice whatever the temperature; a seed repeats its generation (--runs 2 compares
+    them) and another seed draws another; --stop ends at the first stop id emitted."""
+    _, top1 = run(binary, folder, manifest, ["--temperature", "1.7", "--top_k", "1", "--seed", "9"])
+    ok = tokens_of(top1) == greedy
+    print(f"{'PASS' if ok else 'FAIL'}  {folder.name}: sampling with top_k 1 gives the greedy tokens")
+    rc_a, out_a = run(binary, folder, manifest, ["--temperature", "1.5", "--top_p", "0.95", "--seed", "1", "--runs", "2"])
+    rc_b, out_b = run(binary, folder, manifest, ["--temperature", "1.5", "--top_p", "0.95", "--seed", "2"])
+    a, b = tokens_of(out_a), tokens_of(out_b)
+    vocab = manifest["config"]["vocab"]
+    drawn = rc_a == 0 and rc_b == 0 and len(a) == len(b) == len(greedy) and a != b and \
+        all(0 <= t < vocab for t in a + b)
+    print(f"{'PASS' if drawn else 'FAIL'}  {folder.name}: sampled generations repeat with their seed "
+          f"(exit {rc_a}) and differ across seeds ({sum(x != y for x, y in zip(a, b))} of {len(a)} tokens differ)")
+    stop_id = greedy[len(greedy) // 2]
+    end = greedy.index(stop_id) + 1
+    _, out_s = run(binary, folder, manifest, ["--stop", str(stop_id)])
+    stopped = tokens_of(out_s) == greedy[:end]
+    print(f"{'PASS' if stopped else 'FAIL'}  {folder.name}: --stop {stop_id} ends the generation after "
+          f"{end} tokens")
+    return ok and drawn and stopped
+
+
 def check(binary: str, folder: Path, fp16_min_match: int) -> bool:
     manifest = json.loads((folder / "manifest.json").read_text())
     unpack(folder, manifest)
@@ -118,6 +142,8 @@ def check(binary: str, folder: Path, fp16_min_match: int) -> bool:
         same = tokens_of(out2) == got
         print(f"{'PASS' if same else 'FAIL'}  {folder.name}: the same tokens without CUDA graphs")
         ok = ok and same
+        if manifest["logits"] and not manifest.get("device_io"):
+            ok = check_sampling(binary, folder, manifest, got) and ok
     else:
         ok = match >= min(fp16_min_match, len(expected)) and worst <= 1e-2
         print(f"{'PASS' if ok else 'FAIL'}  {folder.name}: first {match}/{len(expected)} tokens equal HF greedy "

@@ -307,3 +307,36 @@ def test_device_io_export_keeps_both_methods_on_the_gpu(tmp_path):
     assert "prompt 6 tokens" in run.stdout, run.stdout + run.stderr
     if not has_gpu():
         assert run.returncode == 3 and "needs an NVIDIA GPU" in run.stderr
+
+
+@pytest.mark.skipif(has_gpu(), reason="a CUDA GPU is present: tests/gpu/llm_generate_test.py samples there")
+def test_sampling_flags_are_checked_before_the_gpu(exported, tmp_path):
+    """--temperature/--top_k/--top_p/--seed/--stop: a bad value is named by its flag, sampling with
+    --device_io or from a program without logits is refused, all before the GPU is needed."""
+    if not BINARY.exists():
+        pytest.fail(f"llm_generate not built at {BINARY}; run scripts/setup.sh (or set KILN_BUILD_DIR)")
+    base = [str(BINARY), "--model", str(exported / "llama_tiny_float32.pte"),
+            "--data_path", str(exported / "llama_tiny_float32.ptd"), "--prompt_file", str(exported / "prompt.txt"),
+            "--new_tokens", "9"]
+
+    def run(*extra):
+        return subprocess.run(base + list(extra), capture_output=True, text=True)
+
+    ok = run("--temperature", "0.8", "--top_k", "5", "--top_p", "0.9", "--seed", "7", "--stop", "2,511")
+    assert ok.returncode == 3 and "needs an NVIDIA GPU" in ok.stderr, ok.stdout + ok.stderr
+    assert "sampled (temperature 0.8, top_k 5, top_p 0.9, seed 7)" in ok.stdout
+    for flags, message in [(["--temperature", "-1"], "--temperature -1 (0 for greedy"),
+                           (["--temperature", "warm"], "--temperature 'warm' is not a number"),
+                           (["--temperature", "0.5", "--top_p", "1.5"], "--top_p 1.5 (in (0, 1]"),
+                           (["--temperature", "0.5", "--top_k", "-2"], "--top_k '-2' is not a count >= 0"),
+                           (["--top_k", "5"], "give a --temperature above 0 with them"),
+                           (["--temperature", "0.5", "--device_io"], "drop one of them"),
+                           (["--stop", "512"], "--stop token 0 is 512; this model's vocabulary is 512 ids")]:
+        bad = run(*flags)
+        assert bad.returncode == 2 and message in bad.stderr, (flags, bad.stderr)
+    # A program that returns only its argmax token has no logits to sample.
+    export_llama.main(["--size", "tiny", "--prompt-len", "6", "--new-tokens", "4", "--out", str(tmp_path)])
+    bare = subprocess.run([str(BINARY), "--model", str(tmp_path / "llama_tiny_float32.pte"), "--temperature", "0.7",
+                           "--prompt", "1,2,3,4,5,6", "--new_tokens", "4"], capture_output=True, text=True)
+    assert bare.returncode == 2 and "returns only its argmax token (export it with export_llama.py --logits)" in \
+        bare.stderr, bare.stdout + bare.stderr

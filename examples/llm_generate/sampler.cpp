@@ -1,0 +1,93 @@
+#include "sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace llm {
+
+std::string sampler_options_invalid(const SamplerOptions& o) {
+  char buf[160];
+  if (!(o.temperature >= 0.0) || std::isinf(o.temperature)) {
+    std::snprintf(buf, sizeof buf, "--temperature %g (0 for greedy, or a finite positive value)", o.temperature);
+    return buf;
+  }
+  if (o.top_k < 0) {
+    std::snprintf(buf, sizeof buf, "--top_k %lld (0 for every token, or a positive count)", static_cast<long long>(o.top_k));
+    return buf;
+  }
+  if (!(o.top_p > 0.0 && o.top_p <= 1.0)) {
+    std::snprintf(buf, sizeof buf, "--top_p %g (in (0, 1]; 1 for no cut)", o.top_p);
+    return buf;
+  }
+  if (o.temperature == 0.0 && (o.top_k != 0 || o.top_p != 1.0))
+    return "--top_k and --top_p restrict sampling: give a --temperature above 0 with them";
+  return "";
+}
+
+int64_t Sampler::pick(const float* logits, size_t n, std::string* why) {
+  if (n == 0) {
+    *why = "the logits row is empty";
+    return -1;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (std::isnan(logits[i])) {
+      *why = "logit " + std::to_string(i) + " is NaN";
+      return -1;
+    }
+  if (greedy()) {  // the first largest, as torch.argmax
+    size_t best = 0;
+    for (size_t i = 1; i < n; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return static_cast<int64_t>(best);
+  }
+  kept_.resize(n);
+  for (size_t i = 0; i < n; ++i) kept_[i] = {static_cast<int64_t>(i), logits[i]};
+  // Largest logit first; ties by the lower id, so the order (and the draw) does not depend on the sort.
+  auto larger = [](const std::pair<int64_t, double>& a, const std::pair<int64_t, double>& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
+  size_t keep = n;
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
+    keep = static_cast<size_t>(options_.top_k);
+    std::partial_sort(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(keep), kept_.end(), larger);
+    kept_.resize(keep);
+  } else {
+    std::sort(kept_.begin(), kept_.end(), larger);
+  }
+  // softmax(logit / temperature) over the kept tokens, in double; -inf logits get 0.
+  const double top = kept_[0].second;
+  if (std::isinf(top) && top < 0) {
+    *why = "every logit is -inf";
+    return -1;
+  }
+  double total = 0.0;
+  for (auto& [id, p] : kept_) {
+    p = std::isinf(top) ? (p == top ? 1.0 : 0.0) : std::exp((p - top) / options_.temperature);
+    total += p;
+  }
+  for (auto& kp : kept_) kp.second /= total;
+  // top_p: the smallest prefix whose probabilities reach top_p (at least one token).
+  if (options_.top_p < 1.0) {
+    double sum = 0.0;
+    size_t cut = 0;
+    while (cut < kept_.size() && sum < options_.top_p) sum += kept_[cut++].second;
+    kept_.resize(std::max<size_t>(cut, 1));
+    total = 0.0;
+    for (const auto& kp : kept_) total += kp.second;
+    for (auto& kp : kept_) kp.second /= total;
+  }
+  // A uniform draw in [0, 1) from the top 53 bits, walked along the cumulative probabilities.
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  double sum = 0.0;
+  int64_t last = kept_[0].first;
+  for (const auto& [id, p] : kept_) {
+    if (p <= 0.0) break;  // largest first: the rest have none either
+    sum += p;
+    last = id;
+    if (u < sum) return id;
+  }
+  return last;  // u past the rounded total
+}
+
+}  // namespace llm
