@@ -9,6 +9,8 @@
 #                     (export_llama.py --device-io; run with llm_generate --device_io)
 #   $carry/llm/qwen3_fp32, phi3_fp32  the small model's dimensions as a Qwen3 and a Phi-3
 #                     (export_llama.py --arch), float32, as fp32
+#   $carry/llm/odd_fp32  a Llama of the shapes the others lack (size odd: head_dim 128,
+#                     4 query heads a kv head, vocabulary 1003, untied head, scaled rotary)
 #   $carry/llm/fp16   the same in float16, weights inside the .pte (xz)
 #   $carry/llm_bench  (with --bench) the 410M benchmark model, bfloat16,
 #                     prompt 512 + 256 new tokens, weights as a recipe;
@@ -75,18 +77,19 @@ trap 'rm -rf "$work"' EXIT
 export_llama=examples/llm_generate/export_llama.py
 weights=examples/llm_generate/llm_weights.py
 
-# small_fp32 NAME TITLE ARCH EXPORT_ARGS...: the small model of ARCH (llama_kv.py ARCHITECTURES) in
-# float32 with logits and HF's reference, its weights as a recipe -> $carry/llm/NAME
+# [SIZE=s] small_fp32 NAME TITLE ARCH EXPORT_ARGS...: the model of ARCH (llama_kv.py ARCHITECTURES)
+# and SIZE (default small) in float32 with logits and HF's reference, its weights as a recipe
+# -> $carry/llm/NAME
 small_fp32() {
-  local name=$1 title=$2 arch=$3
+  local name=$1 title=$2 arch=$3 size=${SIZE:-small}
   shift 3
-  echo "== small $arch, float32$title -> $carry/llm/$name"
+  echo "== $size $arch, float32$title -> $carry/llm/$name"
   rm -rf "$carry/llm/$name" && mkdir -p "$carry/llm/$name"
-  python3 "$export_llama" --arch "$arch" --size small --dtype float32 --logits --reference --external-weights "$@" \
+  python3 "$export_llama" --arch "$arch" --size "$size" --dtype float32 --logits --reference --external-weights "$@" \
     --out "$work/$name"
-  python3 "$weights" pack --ptd "$work/$name/${arch}_small_float32.ptd" --arch "$arch" --size small --dtype float32 \
-    --out "$carry/llm/$name/recipe"
-  cp "$work/$name"/{"${arch}"_small_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
+  python3 "$weights" pack --ptd "$work/$name/${arch}_${size}_float32.ptd" --arch "$arch" --size "$size" \
+    --dtype float32 --out "$carry/llm/$name/recipe"
+  cp "$work/$name"/{"${arch}_${size}"_float32.pte,manifest.json,prompt.txt,expected_tokens.txt,expected_logits.f32} \
     "$carry/llm/$name/"
 }
 small_fp32 fp32 "" llama
@@ -95,6 +98,9 @@ small_fp32 fp32_device ", device-resident I/O (llm_generate --device_io)" llama 
 # Architectures beside Llama's, through the same wrapper (Qwen3: per-head q/k norms; Phi-3: fused q|k|v).
 small_fp32 qwen3_fp32 "" qwen3
 small_fp32 phi3_fp32 "" phi3
+# Shapes beyond the others (llama_kv.py SIZES["odd"]): head_dim 128, four query heads a kv head, odd
+# intermediate and vocabulary sizes, an untied lm_head, Llama 3.1's scaled rotary.
+SIZE=odd small_fp32 odd_fp32 ", head_dim 128, 4 query heads a kv head, vocabulary 1003" llama
 
 echo "== small, float16 -> $carry/llm/fp16"
 rm -rf "$carry/llm/fp16" && mkdir -p "$carry/llm/fp16"

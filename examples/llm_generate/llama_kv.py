@@ -57,19 +57,27 @@ class LlamaSize:
     heads: int
     kv_heads: int
     vocab: int
+    head_dim: int = 0          # 0: hidden // heads
+    tied: bool = True          # the lm_head is the embedding
+    llama3_rope: bool = False  # Llama 3.1's rope scaling (rope_type "llama3")
 
     def hf_config(self, arch: str = "llama"):
         import transformers
 
         if arch not in ARCHITECTURES:
             raise ValueError(f"architecture {arch!r}: the wrapper takes {', '.join(ARCHITECTURES)}")
-        extra = {"head_dim": self.hidden // self.heads} if arch in ("qwen3", "gemma") else {}
+        extra = {}
+        if self.head_dim or arch in ("qwen3", "gemma"):
+            extra["head_dim"] = self.head_dim or self.hidden // self.heads
         if arch == "phi3":
             extra["pad_token_id"] = 0  # Phi-3's default pad id is past a small vocabulary
+        if self.llama3_rope:
+            extra["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
         return getattr(transformers, ARCHITECTURES[arch])(
             hidden_size=self.hidden, intermediate_size=self.intermediate, num_hidden_layers=self.layers,
             num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
-            max_position_embeddings=4096, tie_word_embeddings=True, attn_implementation="sdpa", **extra)
+            max_position_embeddings=4096, tie_word_embeddings=self.tied, attn_implementation="sdpa", **extra)
 
 
 SIZES = {
@@ -79,6 +87,11 @@ SIZES = {
     "small": LlamaSize(hidden=384, intermediate=1024, layers=4, heads=6, kv_heads=2, vocab=4096),
     # The benchmark: 420M parameters (Llama architecture, tied embeddings).
     "bench": LlamaSize(hidden=1024, intermediate=4096, layers=24, heads=16, kv_heads=8, vocab=32000),
+    # Shapes the others do not have: head_dim 128 wider than hidden / heads, four query heads a kv
+    # head, an intermediate size and a vocabulary that are no multiple of 8, an lm_head of its own,
+    # Llama 3.1's scaled rotary.
+    "odd": LlamaSize(hidden=384, intermediate=1000, layers=3, heads=4, kv_heads=1, vocab=1003, head_dim=128,
+                     tied=False, llama3_rope=True),
 }
 
 

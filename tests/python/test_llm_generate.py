@@ -340,3 +340,32 @@ def test_sampling_flags_are_checked_before_the_gpu(exported, tmp_path):
                            "--prompt", "1,2,3,4,5,6", "--new_tokens", "4"], capture_output=True, text=True)
     assert bare.returncode == 2 and "returns only its argmax token (export it with export_llama.py --logits)" in \
         bare.stderr, bare.stdout + bare.stderr
+
+
+def test_odd_shapes_match_hf_and_compile_whole(tmp_path):
+    """Size "odd" (the GPU token test carries it as llm/odd_fp32): head_dim 128 wider than
+    hidden / heads, four query heads a kv head, an intermediate size and a vocabulary that are no
+    multiple of 8, an lm_head of its own and Llama 3.1's scaled rotary. The wrapper gives HF
+    greedy's tokens and logits, and decode and a 5-token prefill compile whole in bfloat16."""
+    import kiln
+
+    lm = build_hf("odd", seed=3)
+    assert lm.config.head_dim == 128 and not lm.config.tie_word_embeddings
+    assert lm.config.rope_scaling["rope_type"] == "llama3"
+    prompt = torch.randint(1, 1003, (1, 6), generator=torch.Generator().manual_seed(8))
+    reference = hf_greedy(lm, prompt, 8)
+    tokens, logits = kv_greedy(KVLlama(lm, 80, return_logits=True).eval(), prompt, 8)
+    assert tokens == reference
+    with torch.no_grad():
+        hf_logits = lm(torch.cat([prompt, torch.tensor([reference[:-1]])], dim=1)).logits[0, prompt.shape[1] - 1:]
+    for step, (mine, theirs) in enumerate(zip(logits, hf_logits)):
+        assert float((mine[0] - theirs).norm() / theirs.norm()) < 1e-5, step
+    model = KVLlama(build_hf("odd", seed=4, dtype=torch.bfloat16), 80).eval()
+    for t in (1, 5):
+        example = (torch.randint(1, 1003, (1, t), generator=torch.Generator().manual_seed(t)), torch.arange(3, 3 + t))
+        debug = tmp_path / f"t{t}"
+        compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=debug)
+        assert not compiled.summary.ops_on_cpu, (t, compiled.summary.ops_on_cpu)
+        plan = next(debug.glob("partition_0/*_lower.txt")).read_text()
+        labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
+        assert labels.count("attention") == 3 and labels[-1] == "argmax", labels
