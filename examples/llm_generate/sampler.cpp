@@ -43,35 +43,47 @@ int64_t Sampler::pick(const float* logits, size_t n, std::string* why) {
   }
   kept_.resize(n);
   for (size_t i = 0; i < n; ++i) kept_[i] = {static_cast<int64_t>(i), logits[i]};
-  // Largest logit first; ties by the lower id, so the order (and the draw) does not depend on the sort.
+  // Largest first; ties by the lower id, so the order (and the draw) does not depend on the sort.
   auto larger = [](const std::pair<int64_t, double>& a, const std::pair<int64_t, double>& b) {
     return a.second > b.second || (a.second == b.second && a.first < b.first);
   };
-  size_t keep = n;
+  bool sorted = false;
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
-    keep = static_cast<size_t>(options_.top_k);
+    const size_t keep = static_cast<size_t>(options_.top_k);
     std::partial_sort(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(keep), kept_.end(), larger);
     kept_.resize(keep);
-  } else {
-    std::sort(kept_.begin(), kept_.end(), larger);
+    sorted = true;
   }
   // softmax(logit / temperature) over the kept tokens, in double; -inf logits get 0.
-  const double top = kept_[0].second;
+  double top = kept_[0].second;
+  for (const auto& kp : kept_) top = std::max(top, kp.second);
   if (std::isinf(top) && top < 0) {
     *why = "every logit is -inf";
     return -1;
   }
   double total = 0.0;
-  for (auto& [id, p] : kept_) {
+  for (auto& kp : kept_) {
+    double& p = kp.second;
     p = std::isinf(top) ? (p == top ? 1.0 : 0.0) : std::exp((p - top) / options_.temperature);
     total += p;
   }
   for (auto& kp : kept_) kp.second /= total;
-  // top_p: the smallest prefix whose probabilities reach top_p (at least one token).
+  // top_p: the smallest set of the largest probabilities that reaches top_p (at least one
+  // token). Only the head of the order is needed: sort 64 largest, then 4x more, until they reach
+  // it (a whole sort of a 32k vocabulary would cost more than the decode step).
   if (options_.top_p < 1.0) {
+    size_t head = sorted ? kept_.size() : std::min<size_t>(64, kept_.size());
     double sum = 0.0;
     size_t cut = 0;
-    while (cut < kept_.size() && sum < options_.top_p) sum += kept_[cut++].second;
+    for (;;) {
+      if (!sorted)
+        std::partial_sort(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(head), kept_.end(), larger);
+      sum = 0.0;
+      cut = 0;
+      while (cut < head && sum < options_.top_p) sum += kept_[cut++].second;
+      if (sum >= options_.top_p || head == kept_.size()) break;
+      head = std::min(kept_.size(), head * 4);
+    }
     kept_.resize(std::max<size_t>(cut, 1));
     total = 0.0;
     for (const auto& kp : kept_) total += kp.second;
@@ -82,7 +94,7 @@ int64_t Sampler::pick(const float* logits, size_t n, std::string* why) {
   double sum = 0.0;
   int64_t last = kept_[0].first;
   for (const auto& [id, p] : kept_) {
-    if (p <= 0.0) break;  // largest first: the rest have none either
+    if (p <= 0.0) continue;  // a -inf logit is never drawn
     sum += p;
     last = id;
     if (u < sum) return id;

@@ -32,8 +32,8 @@ class Sampler {
   // NaN logit).
   int64_t pick(const float* logits, size_t n, std::string* why);
 
-  // The probabilities the last sampled pick drew from, for tests: (token, probability) pairs,
-  // largest first, summing to 1.
+  // The probabilities the last sampled pick drew from, for tests: (token, probability) pairs
+  // summing to 1, largest first when top_k or top_p cut them, else in token order.
   const std::vector<std::pair<int64_t, double>>& last_distribution() const { return kept_; }
 
  private:
