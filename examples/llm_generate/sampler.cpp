@@ -54,52 +54,56 @@ int64_t Sampler::pick(const float* logits, size_t n, std::string* why) {
     kept_.resize(keep);
     sorted = true;
   }
-  // softmax(logit / temperature) over the kept tokens, in double; -inf logits get 0.
+  // softmax(logit / temperature) over the kept tokens: the exponentials in float (a double exp
+  // of a 32k vocabulary costs about a decode step), the sums in double; -inf logits get 0.
   double top = kept_[0].second;
   for (const auto& kp : kept_) top = std::max(top, kp.second);
   if (std::isinf(top) && top < 0) {
     *why = "every logit is -inf";
     return -1;
   }
+  inv_t_ = static_cast<float>(1.0 / options_.temperature);
+  top_ = top;
   double total = 0.0;
-  for (auto& kp : kept_) {
-    double& p = kp.second;
-    p = std::isinf(top) ? (p == top ? 1.0 : 0.0) : std::exp((p - top) / options_.temperature);
-    total += p;
-  }
-  for (auto& kp : kept_) kp.second /= total;
-  // top_p: the smallest set of the largest probabilities that reaches top_p (at least one
-  // token). Only the head of the order is needed: sort 64 largest, then 4x more, until they reach
-  // it (a whole sort of a 32k vocabulary would cost more than the decode step).
+  for (const auto& kp : kept_) total += weight(kp.second);
+  // top_p: the smallest set of the largest logits whose probabilities reach top_p (at least one
+  // token). Only the head of the order is needed: sort the 64 largest, then 4x more, until they
+  // reach it (a whole sort of a 32k vocabulary would cost more than a decode step).
   if (options_.top_p < 1.0) {
-    size_t head = sorted ? kept_.size() : std::min<size_t>(64, kept_.size());
-    double sum = 0.0;
-    size_t cut = 0;
+    const double need = options_.top_p * total;
+    size_t head = sorted ? kept_.size() : std::min<size_t>(64, kept_.size()), cut = 0;
     for (;;) {
       if (!sorted)
         std::partial_sort(kept_.begin(), kept_.begin() + static_cast<std::ptrdiff_t>(head), kept_.end(), larger);
-      sum = 0.0;
+      double sum = 0.0;
       cut = 0;
-      while (cut < head && sum < options_.top_p) sum += kept_[cut++].second;
-      if (sum >= options_.top_p || head == kept_.size()) break;
+      while (cut < head && sum < need) sum += weight(kept_[cut++].second);
+      if (sum >= need || head == kept_.size()) break;
       head = std::min(kept_.size(), head * 4);
     }
     kept_.resize(std::max<size_t>(cut, 1));
     total = 0.0;
-    for (const auto& kp : kept_) total += kp.second;
-    for (auto& kp : kept_) kp.second /= total;
+    for (const auto& kp : kept_) total += weight(kp.second);
   }
-  // A uniform draw in [0, 1) from the top 53 bits, walked along the cumulative probabilities.
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  total_ = total;
+  // A uniform draw in [0, total) from the top 53 bits, walked along the cumulative weights.
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
   double sum = 0.0;
   int64_t last = kept_[0].first;
-  for (const auto& [id, p] : kept_) {
-    if (p <= 0.0) continue;  // a -inf logit is never drawn
-    sum += p;
+  for (const auto& [id, logit] : kept_) {
+    const double w = weight(logit);
+    if (w <= 0.0) continue;  // a -inf logit is never drawn
+    sum += w;
     last = id;
     if (u < sum) return id;
   }
   return last;  // u past the rounded total
+}
+
+std::vector<std::pair<int64_t, double>> Sampler::last_distribution() const {
+  std::vector<std::pair<int64_t, double>> d(kept_);
+  for (auto& kp : d) kp.second = weight(kp.second) / total_;
+  return d;
 }
 
 }  // namespace llm

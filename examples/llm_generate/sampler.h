@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -34,12 +35,21 @@ class Sampler {
 
   // The probabilities the last sampled pick drew from, for tests: (token, probability) pairs
   // summing to 1, largest first when top_k or top_p cut them, else in token order.
-  const std::vector<std::pair<int64_t, double>>& last_distribution() const { return kept_; }
+  std::vector<std::pair<int64_t, double>> last_distribution() const;
 
  private:
+  // A logit's unnormalized probability: exp((logit - top) / temperature) in float (a double exp
+  // of a 32k vocabulary costs about a decode step); with a +inf top, 1 for the top ones, else 0.
+  double weight(double logit) const {
+    if (std::isinf(top_)) return logit == top_ ? 1.0 : 0.0;
+    return std::exp((static_cast<float>(logit) - static_cast<float>(top_)) * inv_t_);
+  }
+
   SamplerOptions options_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<int64_t, double>> kept_;  // reused: no allocation per token once grown
+  std::vector<std::pair<int64_t, double>> kept_;  // (token, logit), reused: no allocation per token once grown
+  double top_ = 0.0, total_ = 1.0;
+  float inv_t_ = 1.0f;
 };
 
 }  // namespace llm
