@@ -162,14 +162,31 @@ def test_wrapper_matches_hf_for_other_architectures(arch):
     HF greedy's tokens, and HF's float32 logits along them within 1e-5."""
     lm = build_hf("tiny", seed=3, arch=arch)
     assert lm.config.model_type == arch
-    prompt = torch.randint(1, 512, (1, 7), generator=torch.Generator().manual_seed(4))
-    reference = hf_greedy(lm, prompt, 10)
-    tokens, logits = kv_greedy(KVLlama(lm, 32, return_logits=True).eval(), prompt, 10)
+    assert_wrapper_matches_hf(lm, prompt_len=7, new_tokens=10, max_len=32)
+
+
+def assert_wrapper_matches_hf(lm, prompt_len: int, new_tokens: int, max_len: int) -> None:
+    """KVLlama's greedy tokens equal HF generate's, and its float32 logits along them HF's within
+    1e-5 norm-relative."""
+    prompt = torch.randint(1, lm.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(4))
+    reference = hf_greedy(lm, prompt, new_tokens)
+    tokens, logits = kv_greedy(KVLlama(lm, max_len, return_logits=True).eval(), prompt, new_tokens)
     assert tokens == reference
     with torch.no_grad():
-        hf_logits = lm(torch.cat([prompt, torch.tensor([reference[:-1]])], dim=1)).logits[0, prompt.shape[1] - 1:]
+        hf_logits = lm(torch.cat([prompt, torch.tensor([reference[:-1]])], dim=1)).logits[0, prompt_len - 1:]
     for step, (mine, theirs) in enumerate(zip(logits, hf_logits)):
-        assert float((mine[0] - theirs).norm() / theirs.norm()) < 1e-5, (arch, step)
+        assert float((mine[0] - theirs).norm() / theirs.norm()) < 1e-5, step
+
+
+def compiled_step_labels(model, vocab: int, t: int, debug: Path) -> list[str]:
+    """kiln.compile of the wrapper for t new tokens: nothing left to the CPU; its steps' labels."""
+    import kiln
+
+    example = (torch.randint(1, vocab, (1, t), generator=torch.Generator().manual_seed(t)), torch.arange(3, 3 + t))
+    compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=debug)
+    assert not compiled.summary.ops_on_cpu, (t, compiled.summary.ops_on_cpu)
+    plan = next(debug.glob("partition_0/*_lower.txt")).read_text()
+    return [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
 
 
 @pytest.mark.parametrize("arch", OTHER_ARCHITECTURES)
@@ -178,17 +195,10 @@ def test_other_architectures_compile_whole(tmp_path, arch):
     one step a layer reading the cache in place, argmax on the GPU, and no copy of a slice or chunk
     of a merged projection (Qwen3's per-head norms read their columns in place, Phi-3's q|k|v and
     gate|up chunks are slices read where they are used)."""
-    import kiln
-
     lm = build_hf("tiny", seed=11, dtype=torch.bfloat16, arch=arch)
     model = KVLlama(lm, 32).eval()
     for t in (1, 5):
-        example = (torch.randint(1, 512, (1, t), generator=torch.Generator().manual_seed(t)), torch.arange(3, 3 + t))
-        debug = tmp_path / f"t{t}"
-        compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=debug)
-        assert not compiled.summary.ops_on_cpu, (t, compiled.summary.ops_on_cpu)
-        plan = next(debug.glob("partition_0/*_lower.txt")).read_text()
-        labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
+        labels = compiled_step_labels(model, 512, t, tmp_path / f"t{t}")
         assert labels.count("attention") == lm.config.num_hidden_layers, labels
         assert labels[-1] == "argmax", labels
         assert not {"cat", "slice_copy", "split_with_sizes_copy", "softmax", "bmm", "expand_copy"} & set(labels), labels
@@ -347,25 +357,11 @@ def test_odd_shapes_match_hf_and_compile_whole(tmp_path):
     hidden / heads, four query heads a kv head, an intermediate size and a vocabulary that are no
     multiple of 8, an lm_head of its own and Llama 3.1's scaled rotary. The wrapper gives HF
     greedy's tokens and logits, and decode and a 5-token prefill compile whole in bfloat16."""
-    import kiln
-
     lm = build_hf("odd", seed=3)
     assert lm.config.head_dim == 128 and not lm.config.tie_word_embeddings
     assert lm.config.rope_scaling["rope_type"] == "llama3"
-    prompt = torch.randint(1, 1003, (1, 6), generator=torch.Generator().manual_seed(8))
-    reference = hf_greedy(lm, prompt, 8)
-    tokens, logits = kv_greedy(KVLlama(lm, 80, return_logits=True).eval(), prompt, 8)
-    assert tokens == reference
-    with torch.no_grad():
-        hf_logits = lm(torch.cat([prompt, torch.tensor([reference[:-1]])], dim=1)).logits[0, prompt.shape[1] - 1:]
-    for step, (mine, theirs) in enumerate(zip(logits, hf_logits)):
-        assert float((mine[0] - theirs).norm() / theirs.norm()) < 1e-5, step
+    assert_wrapper_matches_hf(lm, prompt_len=6, new_tokens=8, max_len=80)
     model = KVLlama(build_hf("odd", seed=4, dtype=torch.bfloat16), 80).eval()
     for t in (1, 5):
-        example = (torch.randint(1, 1003, (1, t), generator=torch.Generator().manual_seed(t)), torch.arange(3, 3 + t))
-        debug = tmp_path / f"t{t}"
-        compiled = kiln.compile(torch.export.export(model, example), arg_inputs=example, debug_dir=debug)
-        assert not compiled.summary.ops_on_cpu, (t, compiled.summary.ops_on_cpu)
-        plan = next(debug.glob("partition_0/*_lower.txt")).read_text()
-        labels = [line.split(":")[0].split(" ", 2)[2] for line in plan.splitlines() if line.startswith("step ")]
+        labels = compiled_step_labels(model, 1003, t, tmp_path / f"t{t}")
         assert labels.count("attention") == 3 and labels[-1] == "argmax", labels
