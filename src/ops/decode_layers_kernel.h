@@ -81,8 +81,10 @@ struct DecodeLayersKernelOptions {
   int head_inflight = 2;
   // Cached rows a block's attention stage takes (64: keys and values in one ring slot; 128: two
   // slots, half the stages, so a block's share of positions 513-1024 is one stage, not two; 0: by
-  // position, 64 up to position 512 and 128 past it, both compiled in).
-  int kv_rows = 64;
+  // position, 64 up to position 512 and 128 past it, both compiled in). 0 by default: 2432.8
+  // against 64's 2420.1 tokens/s in llm_bench's decode at positions 512-767, each of three rounds
+  // above 64's (H100, 69e3a56); the micro-benchmark at position 640: 0.357 against 0.371 ms.
+  int kv_rows = 0;
   // How a phase hands its output row to the next. 0: each block adds its part with float atomics,
   // then arrives on a counter (a release, which waits for the block's copies in flight); the
   // readers wait for the counter, then read the row. 1: counted rows: each element is a u64 that
@@ -90,10 +92,14 @@ struct DecodeLayersKernelOptions {
   // itself and no phase but the last arrives; the sums no longer depend on the order of the adds
   // (the same token every run), and a contribution of 2^23 or more makes the output NaN. 2: as 1,
   // but one thread polls an element before the block's threads poll theirs. The sync area grows
-  // by 4 * layers rows of 8-byte elements.
+  // by 4 * layers rows of 8-byte elements. The micro-benchmark (H100, 69e3a56, twice): 1 with 8
+  // tasks 0.334 against 0.345 ms at position 512; llm_bench has measured it only with a_tasks 10
+  // (slower, as a_tasks 10 is in the micro-benchmark): the next end-to-end A/B.
   int counted_rows = 0;
   // Stages prefetched into L2 ahead of the ring's copies (cp.async.bulk.prefetch.L2; 0: none), so
   // the DRAM reads run deeper than the copies in flight, which stay few (see max_inflight).
+  // Measured slower (H100, 69e3a56): the weight stream alone 0.469 ms with 16 against 0.279
+  // without; llm_bench 1697 against 2420 tokens/s. Kept for measuring on other GPUs.
   int l2_prefetch = 0;
   // How phase A's q|k|v reach the rotary. 0: warp w computes column w of each of q, q, k, v, and
   // after a block barrier 32 threads rotate (the partner column is another warp's) and push. 1:
