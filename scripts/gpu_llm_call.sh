@@ -6,11 +6,13 @@
 #   2. tests/gpu/llm_generate_test.py on $bundle/llm (every program prepare_llm_carry.sh made:
 #      tokens and logits against HF, sampling, --stop, device I/O, other architectures, odd
 #      shapes), at most $KILN_LLM_TEST_LIMIT seconds (default 170);
-#   3. kiln_state_test on $bundle/state (in-place cache, state scopes, the position refusal);
+#   3. kiln_state_test on $bundle/state (in-place cache, state scopes, the position refusal), and
+#      tests/gpu/python_runtime_test.py (kiln_runtime, with --state) when $bundle/python_runtime is carried;
 #   4. benchmarks/llm_bench.py on $bundle/llm_bench with the time left: $KILN_ROUNDS rounds
 #      (default 2), peers $KILN_BENCH_PEERS (default every peer the bundle has).
 # Carry (about 57 MB): $bundle/executorch_sdk, llm_bench, llm, state and COMMIT, where
-# bundle=${KILN_GPU_BUNDLE:-.gpu_carry}. Logs (6 files) go to $OUT (else out/gpu).
+# bundle=${KILN_GPU_BUNDLE:-.gpu_carry}, and python_runtime if wanted (1 MB). Logs (at most 7 files) go to
+# $OUT (else out/gpu).
 # Usage: KILN_CALL_BUDGET=540 bash scripts/gpu_llm_call.sh
 set -u
 SECONDS=0
@@ -39,6 +41,17 @@ if [ -f "$bundle/state/manifest.json" ] && [ -x build-gpu/tests/cpp/kiln_state_t
   echo "exit ${PIPESTATUS[0]} at ${SECONDS}s" >>/tmp/state_test.log
   cp /tmp/state_test.log "$out/"
   grep -E "PASS|FAIL|OK \]|FAILED|passed|^exit" /tmp/state_test.log | tail -25 | cut -c1-200
+fi
+# kiln_runtime (the torch-free Python runtime) with the state scopes, when carried
+# (tests/gpu/export_python_runtime.py --out $bundle/python_runtime).
+if [ -f "$bundle/python_runtime/manifest.json" ] && cmake --build build-gpu -j"$(nproc)" --target kiln_c_api \
+    >>/tmp/kiln_build.txt 2>&1; then
+  KILN_RUNTIME_LIBRARY="$PWD/build-gpu/src/c_api/libkiln_c_api.so" PYTHONUNBUFFERED=1 timeout 120 \
+    python3 tests/gpu/python_runtime_test.py --files "$bundle/python_runtime" \
+    $([ -f "$bundle/state/manifest.json" ] && echo --state "$bundle/state") 2>&1 | grep -vE "^I " >/tmp/python_runtime.log
+  echo "exit ${PIPESTATUS[0]} at ${SECONDS}s" >>/tmp/python_runtime.log
+  cp /tmp/python_runtime.log "$out/"
+  grep -E "PASS|FAIL|^exit" /tmp/python_runtime.log | tail -20 | cut -c1-200
 fi
 left=$((${KILN_CALL_BUDGET:-585} - SECONDS))
 if [ -f "$bundle/llm_bench/manifest.json" ] && [ "$left" -gt 60 ]; then
