@@ -8,8 +8,10 @@
 namespace kiln::passes {
 namespace {
 
-bool is_split(const std::string& op) {
-  return op == "aten.split_with_sizes_copy.default" || op == "aten.split_copy.Tensor";
+// A split this pass rewrites: of a computed tensor (splits of constants are fold_constants').
+bool slices_here(const ir::Graph& graph, const ir::Node& n) {
+  return (n.op == "aten.split_with_sizes_copy.default" || n.op == "aten.split_copy.Tensor") && n.inputs.size() == 1 &&
+         !graph.value(n.inputs[0]).is_constant;
 }
 
 }  // namespace
@@ -17,14 +19,14 @@ bool is_split(const std::string& op) {
 ir::Graph splits_to_slices(const ir::Graph& graph) {
   bool any = false;
   for (const ir::Node& n : graph.nodes())
-    any |= is_split(n.op) && n.inputs.size() == 1 && !graph.value(n.inputs[0]).is_constant;
+    any |= slices_here(graph, n);
   if (!any) return graph;
   GraphRewriter rw(graph);
   for (const ir::Node& n : graph.nodes()) {
     if (folded_to_constants(graph, n)) continue;
     std::vector<int> inputs;
     for (int id : n.inputs) inputs.push_back(rw.map(id));
-    if (!is_split(n.op) || n.inputs.size() != 1 || graph.value(n.inputs[0]).is_constant) {
+    if (!slices_here(graph, n)) {
       rw.copy_node(n, std::move(inputs));
       continue;
     }
