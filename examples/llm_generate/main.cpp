@@ -300,10 +300,14 @@ class Generator {
   std::vector<float> row_;
 };
 
+bool is_stop(const std::vector<int64_t>& stop, int64_t token) {
+  return std::find(stop.begin(), stop.end(), token) != stop.end();
+}
+
 // Where the generation ends: the index just past the first stop token in `tokens`, or its size.
 size_t stop_at(const std::vector<int64_t>& tokens, const std::vector<int64_t>& stop) {
   for (size_t i = 0; i < tokens.size(); ++i)
-    if (std::find(stop.begin(), stop.end(), tokens[i]) != stop.end()) return i + 1;
+    if (is_stop(stop, tokens[i])) return i + 1;
   return tokens.size();
 }
 
@@ -494,7 +498,7 @@ int main(int argc, char** argv) {
     tokens.push_back(next);
     if (last) before = read_counters();
     // Up to new_tokens, or past the first stop token emitted.
-    for (int i = 1; i < flags.new_tokens && std::find(stop.begin(), stop.end(), next) == stop.end(); ++i) {
+    for (int i = 1; i < flags.new_tokens && !is_stop(stop, next); ++i) {
       const int64_t fed = forced.empty() ? next : forced[static_cast<size_t>(i - 1)];
       if (!gen.step("decode", {fed}, {prompt_len + i - 1}, &next)) return 1;
       tokens.push_back(next);
